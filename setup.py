@@ -1,0 +1,28 @@
+"""beamplugin: a fairseq user dir with a ConvS2S model and a fast, exact batched beam search."""
+
+from setuptools import find_packages, setup
+
+# Pinned so that a fresh machine gets exactly what was tested.
+#  - torch 2.13.0: the CPU build lies on this machine's disk; an unpinned torch pulls a CUDA build.
+#  - ve-fairseq 0.12.3: fairseq 0.12.2 does not import on Python 3.11; this is a prebuilt cp311
+#    wheel of fairseq's main branch (fairseq-fixed needs ~8 minutes of compiling). See README.
+#  - torchaudio 2.11.0: ve-fairseq requires some torchaudio; 2.11.0 declares no torch pin, so it
+#    sits beside torch 2.13.0 instead of dragging in another torch. fairseq's text code never uses it.
+INSTALL_REQUIRES = [
+    "torch==2.13.0",
+    "ve-fairseq==0.12.3",
+    "torchaudio==2.11.0",
+    "numpy==2.4.6",
+    "sentencepiece==0.2.3",
+    "sacrebleu==2.6.0",
+]
+
+setup(
+    name="beamplugin",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["beamplugin", "beamplugin.*"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"dev": ["pytest==9.2.0", "ruff==0.17.6"]},
+)
