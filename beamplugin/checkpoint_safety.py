@@ -25,21 +25,15 @@ class UnsafeCheckpointError(RuntimeError):
 
 
 def _numpy_scalar_globals() -> list[Any]:
-    # Older fairseq versions stored `best`/`val_loss` as numpy scalars; unpickling one needs
-    # the scalar constructor and the dtype classes, never arbitrary code.
-    multiarray = getattr(np, "_core", None) or np.core
+    # fairseq may store `best`/`val_loss` as numpy scalars; unpickling one needs the scalar
+    # constructor and the dtype classes, never arbitrary code. Files written under numpy 1.x
+    # name the constructor numpy.core.multiarray.scalar.
+    scalar = np._core.multiarray.scalar
     dtype_classes = [type(np.dtype(t)) for t in ("float16", "float32", "float64", "int32", "int64")]
-    return [multiarray.multiarray.scalar, np.dtype, *dtype_classes]
+    return [scalar, (scalar, "numpy.core.multiarray.scalar"), np.dtype, *dtype_classes]
 
 
 FAIRSEQ_CHECKPOINT_GLOBALS: list[Any] = [argparse.Namespace, *_numpy_scalar_globals()]
-
-
-def _qualified_name(obj: Any) -> str:
-    return f"{obj.__module__}.{obj.__qualname__}"
-
-
-_ALLOWED_NAMES = {_qualified_name(g) for g in FAIRSEQ_CHECKPOINT_GLOBALS}
 
 
 def allow_fairseq_checkpoints() -> None:
@@ -50,7 +44,8 @@ def allow_fairseq_checkpoints() -> None:
 def check_checkpoint(path: str | os.PathLike) -> None:
     """Raise UnsafeCheckpointError if ``path`` is unreadable or pickles a foreign object.
 
-    Only scans the pickle's opcodes: nothing in the file is executed.
+    Only scans the pickle's opcodes: nothing in the file is executed. Objects count as foreign
+    unless torch allows them by default or ``allow_fairseq_checkpoints`` registered them.
     """
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
@@ -60,7 +55,7 @@ def check_checkpoint(path: str | os.PathLike) -> None:
         raise UnsafeCheckpointError(
             f"{path}: not a readable PyTorch checkpoint (corrupt or truncated?): {err}"
         ) from err
-    foreign = sorted(set(found) - _ALLOWED_NAMES)
+    foreign = sorted(set(found))
     if foreign:
         raise UnsafeCheckpointError(
             f"{path}: refusing to load: the checkpoint pickles {', '.join(foreign)}, which no "
