@@ -1,0 +1,94 @@
+"""The ``beam_translation`` task: fairseq's translation task with our generator and batching."""
+
+# No `from __future__ import annotations` here: fairseq reads the config fields' types at runtime.
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fairseq.data import FairseqDataset
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+from beamplugin.batching import LosslessBatchingDataset
+from beamplugin.sequence_generator import SequenceGenerator
+
+logger = logging.getLogger(__name__)
+
+STOPPING_CHOICES = ChoiceEnum(["fairseq", "exact"])
+LENPEN_CHOICES = ChoiceEnum(["fairseq", "gnmt"])
+
+
+@dataclass
+class BeamTranslationConfig(TranslationConfig):
+    search_stop: STOPPING_CHOICES = field(
+        default="fairseq",
+        metadata={
+            "help": "when a sentence stops: 'fairseq' once it holds --beam finished hypotheses "
+            "(fairseq's rule, identical outputs); 'exact' only when no alive hypothesis can "
+            "still beat the worst finished one under the length penalty"
+        },
+    )
+    lenpen_style: LENPEN_CHOICES = field(
+        default="fairseq",
+        metadata={
+            "help": "length normalisation: 'fairseq' divides by len**lenpen, 'gnmt' by "
+            "((5 + len) / 6)**lenpen (Wu et al. 2016)"
+        },
+    )
+
+
+# Strategies that only fairseq's own generator implements; we hand those to it unchanged.
+def _needs_fairseq_generator(args: Any, prefix_allowed_tokens_fn: Any) -> str | None:
+    checks = {
+        "--sampling": getattr(args, "sampling", False),
+        "--diverse-beam-groups": getattr(args, "diverse_beam_groups", -1) > 0,
+        "--diversity-rate": getattr(args, "diversity_rate", -1) > -1,
+        "--constraints": bool(getattr(args, "constraints", False)),
+        "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn is not None
+        or getattr(args, "prefix_allowed_tokens_fn", None) is not None,
+    }
+    return next((name for name, used in checks.items() if used), None)
+
+
+@register_task("beam_translation", dataclass=BeamTranslationConfig)
+class BeamTranslationTask(TranslationTask):
+    """Translation with beamplugin's SequenceGenerator and batching that loses no sentence."""
+
+    cfg: BeamTranslationConfig
+
+    def __init__(self, cfg: BeamTranslationConfig, src_dict: Any, tgt_dict: Any) -> None:
+        super().__init__(cfg, src_dict, tgt_dict)
+        # One wrapper per dataset, so fairseq's per-dataset iterator cache keeps working.
+        self._lossless: dict[int, LosslessBatchingDataset] = {}
+
+    def get_batch_iterator(self, dataset: FairseqDataset, **kwargs: Any) -> Any:
+        wrapped = self._lossless.get(id(dataset))
+        if wrapped is None or wrapped.dataset is not dataset:
+            wrapped = self._lossless[id(dataset)] = LosslessBatchingDataset(dataset)
+        return super().get_batch_iterator(wrapped, **kwargs)
+
+    def build_generator(
+        self,
+        models: list[Any],
+        args: Any,
+        seq_gen_cls: type | None = None,
+        extra_gen_cls_kwargs: dict[str, Any] | None = None,
+        prefix_allowed_tokens_fn: Any = None,
+    ) -> Any:
+        other = _needs_fairseq_generator(args, prefix_allowed_tokens_fn)
+        if seq_gen_cls is not None or getattr(args, "score_reference", False) or other:
+            if other:
+                logger.info("%s is served by fairseq's own SequenceGenerator", other)
+            return super().build_generator(
+                models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn
+            )
+        kwargs = dict(extra_gen_cls_kwargs or {})
+        kwargs.update(
+            stopping=str(self.cfg.search_stop),
+            length_penalty_style=str(self.cfg.lenpen_style),
+            print_alignment=getattr(args, "print_alignment", None),
+        )
+        return super().build_generator(
+            models, args, seq_gen_cls=SequenceGenerator, extra_gen_cls_kwargs=kwargs
+        )
