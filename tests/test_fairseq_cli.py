@@ -121,3 +121,28 @@ def test_hostile_checkpoint_refused_by_fairseq_generate(trained, tmp_path):
     assert out.returncode != 0
     assert "refusing to load" in out.stderr and "system" in out.stderr
     assert not marker.exists()
+
+
+def _interactive(ckpt: Path, data: Path, lines: list[str], *extra: str):
+    return _run(
+        "fairseq-interactive", str(data), "--user-dir", "beamplugin",
+        "--task", "beam_translation", "--path", str(ckpt), "--beam", "2", "--cpu",
+        "--source-lang", "de", "--target-lang", "en", "--buffer-size", "4", *extra,
+        stdin="\n".join(lines) + "\n", check=False,
+    )  # fmt: skip
+
+
+def test_bad_lines_get_a_clear_error_or_are_listed_never_silently_lost(trained):
+    data, ckpt = trained
+    too_long = " ".join(["w1"] * 1100)
+    lines = ["w1 w2", too_long, "", "w4 zzz-unknown ÄÖ"]
+    refused = _interactive(ckpt, data, lines)
+    assert refused.returncode != 0
+    assert "longer than the model accepts" in refused.stderr and "#1 (1101" in refused.stderr
+
+    skipped = _interactive(ckpt, data, lines, "--skip-invalid-size-inputs-valid-test")
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    # The empty line and the line of unknown words are translated; the long one is named.
+    assert _hypothesis_ids(skipped.stdout) == [0, 2, 3]
+    assert "leaving out 1 over-long sentence(s)" in skipped.stderr
+    assert re.search(r"ids: 1$", skipped.stderr, flags=re.M)

@@ -38,6 +38,10 @@ class BeamTranslationConfig(TranslationConfig):
     )
 
 
+def _as_tuple(size: Any) -> tuple:
+    return tuple(size) if isinstance(size, tuple | list) else (size,)
+
+
 # Strategies that only fairseq's own generator implements; we hand those to it unchanged.
 def _needs_fairseq_generator(args: Any, prefix_allowed_tokens_fn: Any) -> str | None:
     checks = {
@@ -67,6 +71,35 @@ class BeamTranslationTask(TranslationTask):
         if wrapped is None or wrapped.dataset is not dataset:
             wrapped = self._lossless[id(dataset)] = LosslessBatchingDataset(dataset)
         return super().get_batch_iterator(wrapped, **kwargs)
+
+    def filter_indices_by_size(
+        self,
+        indices: Any,
+        dataset: FairseqDataset,
+        max_positions: Any = None,
+        ignore_invalid_inputs: bool = False,
+    ) -> Any:
+        """Refuse over-long sentences by name, or leave them out and list every one."""
+        kept, too_long = dataset.filter_indices_by_size(indices, max_positions)
+        if len(too_long) == 0:
+            return kept
+        described = ", ".join(
+            f"#{int(i)} ({'/'.join(map(str, map(int, _as_tuple(dataset.size(i)))))} tokens)"
+            for i in too_long[:5]
+        )
+        if not ignore_invalid_inputs:
+            raise ValueError(
+                f"{len(too_long)} sentence(s) are longer than the model accepts "
+                f"(max positions {max_positions}): {described}. Shorten or split them, or pass "
+                "--skip-invalid-size-inputs-valid-test to leave them out."
+            )
+        logger.warning(
+            "leaving out %d over-long sentence(s) (max positions %s), ids: %s",
+            len(too_long),
+            max_positions,
+            " ".join(str(int(i)) for i in too_long),
+        )
+        return kept
 
     def build_generator(
         self,
