@@ -1,0 +1,83 @@
+"""Weight-normalised time-major convolutions: a centred one for the encoder and a causal one that
+also decodes step by step from an ``input_buffer``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from fairseq.incremental_decoding_utils import FairseqIncrementalState
+from torch import Tensor, nn
+
+from beamplugin.modules.weight_norm import FoldedWeightNorm
+
+IncrementalState = dict[str, dict[str, Tensor | None]]
+
+
+class TBCConvolution(FoldedWeightNorm):
+    """1-D convolution over ``time x batch x channels`` input whose output keeps the input length.
+
+    The weight is ``kernel_size x in_channels x out_channels`` (torch.conv_tbc's layout, the one
+    fconv checkpoints hold), normalised per output channel.
+    """
+
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, dropout: float = 0.0
+    ) -> None:
+        weight = torch.empty(kernel_size, in_channels, out_channels)
+        std = math.sqrt(4.0 * (1.0 - dropout) / (kernel_size * in_channels))
+        nn.init.normal_(weight, mean=0.0, std=std)
+        super().__init__(weight, torch.zeros(out_channels), norm_dim=2)
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = kernel_size
+
+    def convolve(self, x: Tensor, frames_before: int) -> Tensor:
+        """Output frame t sees input frames t - frames_before ... t - frames_before + width - 1."""
+        padding = max(frames_before, self.kernel_size - 1 - frames_before)
+        out = torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
+        start = padding - frames_before
+        return out[start : start + x.size(0)]
+
+    def forward(self, x: Tensor) -> Tensor:
+        # centred window; for even widths one more frame after than before (as fconv)
+        return self.convolve(x, (self.kernel_size - 1) // 2)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
+
+
+class CausalConvolution(FairseqIncrementalState, TBCConvolution):
+    """Convolution over the current and previous ``kernel_size - 1`` frames.
+
+    Incremental decoding keeps the last ``kernel_size`` inputs per row as ``input_buffer`` in the
+    incremental state (zeros before the first step; each step shifts it left and appends the new
+    frame) and takes one matrix product with the flattened weight, whose row order
+    (frame, in_channel) already matches the flattened buffer.
+    """
+
+    def forward(self, x: Tensor, incremental_state: IncrementalState | None = None) -> Tensor:
+        """Full pass: x is time x batch x channels. Incremental: x is the newest frame,
+        batch x 1 x channels, and so is the result."""
+        if incremental_state is None:
+            return self.convolve(x, self.kernel_size - 1)
+        bsz = x.size(0)
+        if self.kernel_size > 1:
+            buffer = self.get_incremental_state(incremental_state, "input_buffer")
+            if buffer is None:
+                buffer = x.new_zeros(bsz, self.kernel_size, self.in_channels)
+            x = torch.cat((buffer[:, 1:], x), dim=1)
+            self.set_incremental_state(incremental_state, "input_buffer", x)
+        flat_weight = self.weight.view(-1, self.out_channels)
+        return torch.addmm(self.bias, x.reshape(bsz, -1), flat_weight).view(bsz, 1, -1)
+
+    def reorder_buffer(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
+        """Keep the rows of ``new_order`` (a permutation, repetition or subset of the batch).
+
+        Not named reorder_incremental_state: fairseq calls that on every submodule, and the
+        decoder already reorders its convolutions.
+        """
+        buffer = self.get_incremental_state(incremental_state, "input_buffer")
+        if buffer is not None:
+            buffer = buffer.index_select(0, new_order)
+            self.set_incremental_state(incremental_state, "input_buffer", buffer)
