@@ -1,0 +1,10 @@
+"""Pure tensor pieces of beam search, unit-testable without a model."""
+
+from beamplugin.search.beam_step import (
+    BeamStep,
+    beam_step,
+    block_repeated_ngrams,
+    length_normaliser,
+)
+
+__all__ = ["BeamStep", "beam_step", "block_repeated_ngrams", "length_normaliser"]

@@ -1,0 +1,186 @@
+"""The pure search step on hand-made log-prob tables (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fairseq import search
+from fairseq.data import Dictionary
+
+from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
+
+INF = math.inf
+EOS = 2  # fairseq's Dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3, words from 4
+
+
+def table(*rows: list[float]) -> torch.Tensor:
+    """One sentence: ``[1, len(rows), vocab]`` log-probs."""
+    return torch.tensor([list(r) for r in rows]).unsqueeze(0)
+
+
+def as_lists(res) -> dict:
+    return {name: getattr(res, name).tolist() for name in res._fields}
+
+
+def test_eos_in_top_half_finishes_and_leaves_the_beam():
+    # totals: beam0: EOS -0.5, w3 -1.0, w4 -2.0; beam1 (score -1): EOS -4.0, w3 -1.2, w4 -5.0
+    lprobs = table([-INF, -INF, -0.5, -1.0, -2.0], [-INF, -INF, -3.0, -0.2, -4.0])
+    res = beam_step(lprobs, torch.tensor([[0.0, -1.0]]), beam_size=2, eos=EOS)
+    assert res.cand_tokens.tolist() == [[2, 3, 3, 4]]
+    assert res.cand_beams.tolist() == [[0, 0, 1, 0]]
+    assert res.cand_scores[0].tolist() == pytest.approx([-0.5, -1.0, -1.2, -2.0])
+    assert res.finalize.tolist() == [[True, False]]
+    assert res.alive_beams.tolist() == [[0, 1]]
+    assert res.alive_tokens.tolist() == [[3, 3]]
+    assert res.alive_scores[0].tolist() == pytest.approx([-1.0, -1.2])
+
+
+def test_eos_in_bottom_half_does_not_finish():
+    # beam0's EOS (-1.5) ranks third of four: not inside the top beam=2 slots
+    lprobs = table([-INF, -INF, -1.5, -1.0, -2.0], [-INF, -INF, -3.0, -0.2, -4.0])
+    res = beam_step(lprobs, torch.tensor([[0.0, -1.0]]), beam_size=2, eos=EOS)
+    assert res.cand_tokens.tolist() == [[3, 3, 2, 4]]
+    assert res.finalize.tolist() == [[False, False]]
+    assert res.alive_beams.tolist() == [[0, 1]]
+    assert res.alive_tokens.tolist() == [[3, 3]]
+    assert res.alive_scores[0].tolist() == pytest.approx([-1.0, -1.2])
+
+
+def test_all_beams_end_at_once_and_next_beam_comes_from_bottom_half():
+    lprobs = table([-INF, -INF, -0.1, -3.0, -4.0], [-INF, -INF, -0.2, -3.5, -2.5])
+    res = beam_step(lprobs, torch.tensor([[0.0, 0.0]]), beam_size=2, eos=EOS)
+    assert res.cand_tokens.tolist() == [[2, 2, 4, 3]]
+    assert res.cand_beams.tolist() == [[0, 1, 1, 0]]
+    assert res.finalize.tolist() == [[True, True]]
+    assert res.alive_beams.tolist() == [[1, 0]]
+    assert res.alive_tokens.tolist() == [[4, 3]]
+    assert res.alive_scores[0].tolist() == pytest.approx([-2.5, -3.0])
+
+
+def test_max_length_step_finishes_every_beam():
+    # at max length the generator leaves only EOS finite: every beam ends, the rest is dead
+    lprobs = table([-INF, -INF, -0.7, -INF, -INF], [-INF, -INF, -0.3, -INF, -INF])
+    res = beam_step(lprobs, torch.tensor([[-1.0, -2.0]]), beam_size=2, eos=EOS)
+    assert res.cand_tokens[0, :2].tolist() == [2, 2]
+    assert res.cand_beams[0, :2].tolist() == [0, 1]
+    assert res.cand_scores[0, :2].tolist() == pytest.approx([-1.7, -2.3])
+    assert res.finalize.tolist() == [[True, True]]
+    assert res.alive_scores.tolist() == [[-INF, -INF]]
+
+
+def test_masked_eos_is_an_ordinary_dead_candidate():
+    # first step (one live beam); EOS masked to -inf as before min_len: never finishes
+    lprobs = table([-INF, -INF, -INF, -1.0])
+    res = beam_step(lprobs, torch.zeros(1, 1), beam_size=2, eos=EOS)
+    assert res.cand_scores.shape == (1, 3)  # k = min(2 * beam, vocab - 1)
+    assert res.finalize.tolist() == [[False, False]]
+    assert res.alive_tokens[0, 0].item() == 3
+    assert res.alive_beams.tolist() == [[0, 0]]
+    assert res.alive_scores.tolist() == [[-1.0, -INF]]
+
+
+def test_too_few_non_eos_candidates_leave_dead_slots():
+    # vocab of 4 and beam 3 at the first step: 3 candidates, one is EOS, two continue
+    lprobs = table([-INF, -2.0, -0.5, -1.0])
+    res = beam_step(lprobs, torch.zeros(1, 1), beam_size=3, eos=EOS)
+    assert res.finalize.tolist() == [[True, False, False]]
+    assert res.alive_tokens[0, :2].tolist() == [3, 1]
+    assert res.alive_scores.tolist() == [[-1.0, -2.0, -INF]]
+
+
+def test_sentences_are_independent():
+    one = table([-INF, -INF, -0.5, -1.0, -2.0], [-INF, -INF, -3.0, -0.2, -4.0])
+    two = table([-INF, -INF, -0.1, -3.0, -4.0], [-INF, -INF, -0.2, -3.5, -2.5])
+    scores = torch.tensor([[0.0, -1.0], [0.0, 0.0]])
+    both = beam_step(torch.cat([one, two]), scores, beam_size=2, eos=EOS)
+    for i, single in enumerate((one, two)):
+        alone = beam_step(single, scores[i : i + 1], beam_size=2, eos=EOS)
+        for name, value in as_lists(alone).items():
+            assert as_lists(both)[name][i : i + 1] == value, name
+
+
+def _dictionary(words: int) -> Dictionary:
+    d = Dictionary()
+    for i in range(words):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def _fairseq_reference(lprobs: torch.Tensor, scores: torch.Tensor, beam: int, step: int):
+    """fairseq's BeamSearch.step plus its choice of the next beam (first beam non-EOS)."""
+    bsz, in_beam, vocab = lprobs.shape
+    d = _dictionary(vocab - 4)
+    history = scores.new_zeros(bsz, beam, step)
+    full = lprobs.new_full((bsz, beam, vocab), -INF)
+    full[:, :in_beam] = lprobs
+    if step > 0:
+        history[:, :, step - 1] = scores
+    cand_scores, cand_tokens, cand_beams = search.BeamSearch(d).step(step, full, history)
+    eos = cand_tokens.eq(EOS) & cand_scores.ne(-INF)
+    cands = cand_scores.size(1)
+    rank = eos.long() * cands + torch.arange(cands)
+    active = torch.topk(rank, k=beam, dim=1, largest=False).indices
+    return cand_scores, cand_tokens, cand_beams, eos[:, :beam], active
+
+
+@pytest.mark.parametrize("beam", [1, 2, 3, 5])
+@pytest.mark.parametrize("step", [0, 4])
+def test_ties_and_random_tables_match_fairseq(beam, step):
+    # Quantised log-probs make many exact ties; torch.topk must break them as in fairseq.
+    g = torch.Generator().manual_seed(beam * 10 + step)
+    vocab = 12
+    in_beam = 1 if step == 0 else beam
+    for _ in range(20):
+        lprobs = -torch.randint(0, 4, (3, in_beam, vocab), generator=g).float()
+        lprobs[:, :, 1] = -INF  # pad
+        scores = -torch.randint(0, 3, (3, in_beam), generator=g).float()
+        if step == 0:
+            scores.zero_()
+        ours = beam_step(lprobs, scores, beam_size=beam, eos=EOS)
+        cand_scores, cand_tokens, cand_beams, finalize, active = _fairseq_reference(
+            lprobs, scores, beam, step
+        )
+        assert ours.cand_scores.tolist() == cand_scores.tolist()
+        assert ours.cand_tokens.tolist() == cand_tokens.tolist()
+        assert ours.cand_beams.tolist() == cand_beams.tolist()
+        assert ours.finalize.tolist() == finalize.tolist()
+        assert ours.alive_tokens.tolist() == cand_tokens.gather(1, active).tolist()
+        assert ours.alive_beams.tolist() == cand_beams.gather(1, active).tolist()
+        assert ours.alive_scores.tolist() == cand_scores.gather(1, active).tolist()
+
+
+def test_length_normalisers():
+    assert length_normaliser(4, 1.0, "fairseq") == 4.0
+    assert length_normaliser(9, 0.5, "fairseq") == 3.0
+    assert length_normaliser(4, 0.0, "fairseq") == 1.0
+    assert length_normaliser(7, 1.0, "gnmt") == 2.0
+    assert length_normaliser(31, 0.5, "gnmt") == pytest.approx(math.sqrt(6.0))
+
+
+@pytest.mark.parametrize(
+    "tokens, n, banned",
+    [
+        ([2, 5, 6, 5], 2, {6}),  # "5 6" seen: after a 5, 6 is banned
+        ([2, 5, 6, 5], 3, set()),  # "6 5" never seen before
+        ([2, 5, 6, 5, 6], 3, {5}),  # "5 6 5" seen
+        ([2, 5, 5], 2, {5}),
+        ([2, 5, 6], 1, {5, 6}),  # unigrams: every generated token, not BOS
+        ([2, 5], 3, set()),  # too short
+    ],
+)
+def test_block_repeated_ngrams(tokens, n, banned):
+    lprobs = torch.full((2, 8), -1.0)
+    rows = torch.tensor([tokens, tokens])
+    block_repeated_ngrams(rows, lprobs, n)
+    for row in lprobs:
+        assert {i for i, v in enumerate(row.tolist()) if v == -INF} == banned
+
+
+def test_block_repeated_ngrams_rows_are_independent():
+    lprobs = torch.full((2, 8), -1.0)
+    block_repeated_ngrams(torch.tensor([[2, 4, 7, 4], [2, 4, 6, 5]]), lprobs, 2)
+    assert lprobs[0, 7] == -INF and lprobs[0].isinf().sum() == 1
+    assert not lprobs[1].isinf().any()

@@ -1,0 +1,424 @@
+"""beamplugin's SequenceGenerator against fairseq's, on tiny random fconv and transformer models.
+
+The models are sharpened (scaled output layer, larger EOS logits) so that sentences of one batch
+finish at different steps and the batch really shrinks during the search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fairseq import search
+from fairseq.data import Dictionary
+from fairseq.models.fconv import FConvModel
+from fairseq.models.fconv import base_architecture as fconv_architecture
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import base_architecture as transformer_architecture
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+from beamplugin import SequenceGenerator
+
+VOCAB_WORDS = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models: extra threads only add synchronisation (and contention on a shared machine).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Dictionary:
+    d = Dictionary()
+    for i in range(VOCAB_WORDS):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+class _Task:
+    def __init__(self, d: Dictionary) -> None:
+        self.source_dictionary = self.target_dictionary = d
+
+
+def build_fconv(d: Dictionary, seed: int) -> FConvModel:
+    torch.manual_seed(seed)
+    args = argparse.Namespace(
+        encoder_embed_dim=16,
+        encoder_layers="[(16, 3)] * 2",
+        decoder_embed_dim=16,
+        decoder_layers="[(16, 3)] * 2",
+        decoder_out_embed_dim=16,
+        dropout=0.0,
+        max_source_positions=1024,
+        max_target_positions=1024,
+    )
+    fconv_architecture(args)
+    model = FConvModel.build_model(args, _Task(d)).eval()
+    with torch.no_grad():
+        model.decoder.fc3.weight_g.mul_(10)  # fc3 is weight-normed: scale its gain
+        model.decoder.fc3.bias[d.eos()] += 1.5
+    return model
+
+
+def build_transformer(d: Dictionary, seed: int) -> TransformerModel:
+    torch.manual_seed(seed)
+    args = argparse.Namespace(
+        encoder_embed_dim=16,
+        encoder_ffn_embed_dim=32,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_embed_dim=16,
+        decoder_ffn_embed_dim=32,
+        decoder_layers=2,
+        decoder_attention_heads=2,
+        dropout=0.0,
+        max_source_positions=1024,
+        max_target_positions=1024,
+    )
+    transformer_architecture(args)
+    model = TransformerModel.build_model(args, _Task(d)).eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight.mul_(3)
+        model.decoder.output_projection.weight[d.eos()] *= 3
+    return model
+
+
+BUILDERS = {"fconv": build_fconv, "transformer": build_transformer}
+
+
+@pytest.fixture(scope="module")
+def models(vocab: Dictionary) -> dict[str, list[torch.nn.Module]]:
+    return {name: [build(vocab, 1), build(vocab, 2)] for name, build in BUILDERS.items()}
+
+
+def make_batch(d: Dictionary, bsz: int, seed: int, lengths: tuple[int, int] = (3, 12)) -> dict:
+    """Left-padded sources ending in EOS, as fairseq's translation task collates them."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lengths[0], lengths[1], (bsz,), generator=g)
+    width = int(lens.max()) + 1
+    src = torch.full((bsz, width), d.pad(), dtype=torch.long)
+    for i, n in enumerate(lens.tolist()):
+        words = torch.randint(d.nspecial, len(d), (n,), generator=g)
+        src[i, width - n - 1 :] = torch.cat([words, torch.tensor([d.eos()])])
+    return {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": lens + 1}}
+
+
+def sub_batch(sample: dict, rows: list[int]) -> dict:
+    """The given sentences alone, re-padded to their own width."""
+    src = sample["net_input"]["src_tokens"][rows]
+    lengths = sample["net_input"]["src_lengths"][rows]
+    width = int(lengths.max())
+    return {
+        "id": sample["id"][rows],
+        "net_input": {"src_tokens": src[:, src.size(1) - width :], "src_lengths": lengths},
+    }
+
+
+def count_rows(gen: SequenceGenerator) -> list[int]:
+    """Record the number of decoder rows at every step of ``gen``'s searches."""
+    rows: list[int] = []
+    decode_step = gen.model.decode_step
+
+    def recording(tokens, *args, **kwargs):
+        rows.append(tokens.size(0))
+        return decode_step(tokens, *args, **kwargs)
+
+    gen.model.decode_step = recording
+    return rows
+
+
+def assert_same(ref: list, out: list, check_attention: bool = True) -> None:
+    assert len(ref) == len(out)
+    for sent, (ref_hypos, our_hypos) in enumerate(zip(ref, out, strict=True)):
+        assert len(ref_hypos) == len(our_hypos), f"sentence {sent}"
+        for rank, (r, o) in enumerate(zip(ref_hypos, our_hypos, strict=True)):
+            where = f"sentence {sent} hypothesis {rank}"
+            assert o["tokens"].tolist() == r["tokens"].tolist(), where
+            assert float(o["score"]) == pytest.approx(float(r["score"]), abs=1e-4), where
+            torch.testing.assert_close(
+                o["positional_scores"], r["positional_scores"].cpu(), atol=1e-4, rtol=0
+            )
+            if check_attention:
+                assert o["attention"].shape == r["attention"].shape, where
+                torch.testing.assert_close(o["attention"], r["attention"], atol=1e-5, rtol=0)
+
+
+PARITY_CASES = [
+    *[dict(beam_size=b) for b in range(1, 9)],
+    dict(beam_size=5, len_penalty=0.3),
+    dict(beam_size=5, len_penalty=2.0),
+    dict(beam_size=4, min_len=6),
+    dict(beam_size=4, max_len_b=5),
+    dict(beam_size=4, max_len_a=1.5, max_len_b=2),
+    dict(beam_size=5, unk_penalty=2.0),
+    dict(beam_size=5, unk_penalty=-3.0),
+    dict(beam_size=5, normalize_scores=False),
+    dict(beam_size=3, temperature=0.5),
+    dict(beam_size=3, max_len=9),
+]
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("options", PARITY_CASES, ids=lambda o: str(o))
+def test_equals_fairseq_and_shrinks(vocab, models, arch, options):
+    model = models[arch][0]
+    sample = make_batch(vocab, 8, seed=3)
+    options = {"max_len_b": 20, **options}
+    ref = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    gen = SequenceGenerator([model], vocab, **options)
+    rows = count_rows(gen)
+    out = gen.generate([model], sample)
+    assert_same(ref, out)
+    # finished sentences leave: the batch never grows (test_batch_shrinks checks it shrinks)
+    assert rows == sorted(rows, reverse=True)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_batch_shrinks_on_this_data(vocab, models, arch):
+    gen = SequenceGenerator(models[arch][:1], vocab, beam_size=4, max_len_b=20)
+    rows = count_rows(gen)
+    gen.generate(models[arch][:1], make_batch(vocab, 8, seed=3))
+    assert len(set(rows)) >= 3, rows
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_ensemble_equals_fairseq(vocab, models, arch):
+    pair = models[arch]
+    sample = make_batch(vocab, 6, seed=4)
+    ref = FairseqGenerator(pair, vocab, beam_size=4, max_len_b=20).generate(pair, sample)
+    out = SequenceGenerator(pair, vocab, beam_size=4, max_len_b=20).generate(pair, sample)
+    assert_same(ref, out)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_prefix_tokens_equal_fairseq(vocab, models, arch):
+    model = models[arch][0]
+    sample = make_batch(vocab, 6, seed=5)
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(vocab.nspecial, len(vocab), (6, 3), generator=g)
+    prefix[1, 2] = vocab.pad()  # shorter prefix
+    prefix[2, 1:] = vocab.pad()
+    prefix[3, 2] = vocab.eos()  # a prefix that ends the sentence
+    options = dict(beam_size=4, max_len_b=20)
+    fs = FairseqGenerator([model], vocab, **options)
+    ref = fs.generate([model], sample, prefix_tokens=prefix)
+    out = SequenceGenerator([model], vocab, **options).generate(
+        [model], sample, prefix_tokens=prefix
+    )
+    assert_same(ref, out)
+    for sent in range(6):
+        wanted = [t for t in prefix[sent].tolist() if t != vocab.pad()]
+        assert out[sent][0]["tokens"].tolist()[: len(wanted)] == wanted
+
+
+def test_match_source_len_equals_fairseq(vocab, models):
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 6, seed=6)
+    strategy = search.LengthConstrainedBeamSearch(vocab, 1, 0, 1, 0)
+    options = dict(beam_size=4, match_source_len=True, search_strategy=strategy)
+    ref = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    out = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    assert_same(ref, out)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_batch_invariance(vocab, models, arch):
+    model = models[arch][0]
+    sample = make_batch(vocab, 7, seed=7)
+    gen = SequenceGenerator([model], vocab, beam_size=5, max_len_b=20)
+    together = gen.generate([model], sample)
+    for rows in ([0], [3], [6], [1, 4], [5, 2, 0]):
+        apart = gen.generate([model], sub_batch(sample, rows))
+        assert_same([together[i] for i in rows], apart, check_attention=False)
+
+
+@torch.no_grad()
+def rescore(models: list, sample: dict, sent: int, tokens: torch.Tensor, d, temperature=1.0):
+    """Teacher-forced full forward of ``tokens`` for one sentence: per-token log-probs."""
+    one = sub_batch(sample, [sent])["net_input"]
+    prev = torch.cat([torch.tensor([d.eos()]), tokens[:-1]]).unsqueeze(0)
+    probs = []
+    for model in models:
+        logits = model(one["src_tokens"], one["src_lengths"], prev)[0] / temperature
+        probs.append(F.softmax(logits.float(), dim=-1)[0])
+    mean = torch.stack(probs).mean(0)
+    return mean.log().gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("n_models", [1, 2])
+def test_positional_scores_equal_forced_decoding(vocab, models, arch, n_models):
+    ensemble = models[arch][:n_models]
+    sample = make_batch(vocab, 5, seed=8)
+    out = SequenceGenerator(ensemble, vocab, beam_size=3, max_len_b=20, temperature=0.7).generate(
+        ensemble, sample
+    )
+    for sent, hypos in enumerate(out):
+        for hypo in hypos:
+            expected = rescore(ensemble, sample, sent, hypo["tokens"], vocab, temperature=0.7)
+            torch.testing.assert_close(hypo["positional_scores"], expected, atol=1e-4, rtol=1e-4)
+            length = len(hypo["tokens"])
+            assert float(hypo["score"]) == pytest.approx(float(expected.sum()) / length, abs=1e-4)
+
+
+def repeated_ngrams(tokens: list[int], n: int) -> int:
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) - len(set(grams))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_no_repeat_ngram_blocks_on_cpu(vocab, models, n):
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 6, seed=9)
+    options = dict(beam_size=4, max_len_b=20, min_len=10)
+    free = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    blocked = SequenceGenerator([model], vocab, no_repeat_ngram_size=n, **options).generate(
+        [model], sample
+    )
+    # without blocking the model does repeat itself, so the check below can fail
+    assert sum(repeated_ngrams(h["tokens"].tolist(), n) for hs in free for h in hs) > 0
+    for hypos in blocked:
+        assert len(hypos) == 4
+        for hypo in hypos:
+            # with BOS in front, as the search sees the sequence (EOS ends it, never repeats)
+            assert repeated_ngrams([vocab.eos(), *hypo["tokens"].tolist()[:-1]], n) == 0
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("len_penalty", [0.0, 1.0, 2.0])
+def test_exact_stopping_never_worse(vocab, models, arch, len_penalty):
+    model = models[arch][0]
+    sample = make_batch(vocab, 8, seed=10)
+    options = dict(beam_size=3, max_len_b=20, len_penalty=len_penalty)
+    usual = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    exact = SequenceGenerator([model], vocab, stopping="exact", **options).generate([model], sample)
+    for u, e in zip(usual, exact, strict=True):
+        assert len(e) == 3
+        assert float(e[0]["score"]) >= float(u[0]["score"]) - 1e-6
+        assert [float(h["score"]) for h in e] == sorted(
+            (float(h["score"]) for h in e), reverse=True
+        )
+
+
+def test_exact_stopping_finds_better_with_length_bonus(vocab, models):
+    # len_penalty 2 rewards long outputs: fairseq stops at the first beam hypotheses, the exact
+    # rule keeps going and must find something better for at least one sentence
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 8, seed=10)
+    options = dict(beam_size=3, max_len_b=20, len_penalty=2.0)
+    usual = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    exact = SequenceGenerator([model], vocab, stopping="exact", **options).generate([model], sample)
+    gains = [float(e[0]["score"]) - float(u[0]["score"]) for u, e in zip(usual, exact, strict=True)]
+    assert max(gains) > 1e-4
+
+
+def test_gnmt_length_penalty(vocab, models):
+    model = models["transformer"][0]
+    sample = make_batch(vocab, 6, seed=11)
+    alpha = 0.8
+    out = SequenceGenerator(
+        [model], vocab, beam_size=4, max_len_b=20, len_penalty=alpha, length_penalty_style="gnmt"
+    ).generate([model], sample)
+    for hypos in out:
+        for hypo in hypos:
+            length = len(hypo["tokens"])
+            expected = float(hypo["positional_scores"].sum()) / ((5 + length) / 6) ** alpha
+            assert float(hypo["score"]) == pytest.approx(expected, abs=1e-4)
+
+
+def test_alignment_equals_fairseq(vocab, models):
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 5, seed=12)
+    for kind in ("hard", "soft"):
+        ref = SequenceGeneratorWithAlignment(
+            [model], vocab, beam_size=3, max_len_b=20, print_alignment=kind
+        ).generate([model], sample)
+        out = SequenceGenerator(
+            [model], vocab, beam_size=3, max_len_b=20, print_alignment=kind
+        ).generate([model], sample)
+        assert_same(ref, out)
+        assert [[h["alignment"] for h in hs] for hs in out] == [
+            [h["alignment"] for h in hs] for hs in ref
+        ]
+
+
+def test_never_returns_an_empty_list(vocab, models):
+    # Every word and unk is forbidden and EOS is masked until max length: all live hypotheses
+    # die (-inf) and no EOS candidate is ever finite (fairseq's generator trips an assertion).
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 3, seed=13)
+    words = ["<s>"] + [f"w{i}" for i in range(VOCAB_WORDS)]
+    out = SequenceGenerator(
+        [model],
+        vocab,
+        beam_size=2,
+        max_len_b=4,
+        min_len=4,
+        unk_penalty=math.inf,
+        tokens_to_suppress=words,
+    ).generate([model], sample)
+    for hypos in out:
+        assert len(hypos) == 2
+        for hypo in hypos:
+            assert hypo["tokens"][-1] == vocab.eos()
+            assert len(hypo["tokens"]) == 5
+
+
+def test_nbest_truncates(vocab, models):
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 4, seed=14)
+    full = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20).generate([model], sample)
+    top2 = SequenceGenerator([model], vocab, beam_size=4, nbest=2, max_len_b=20).generate(
+        [model], sample
+    )
+    for f, t in zip(full, top2, strict=True):
+        assert [h["tokens"].tolist() for h in t] == [h["tokens"].tolist() for h in f[:2]]
+
+
+@pytest.mark.parametrize(
+    "options, option_name",
+    [
+        (dict(beam_size=0), "beam_size"),
+        (dict(beam_size=2, nbest=3), "nbest"),
+        (dict(min_len=30, max_len_b=20), "min_len"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(stopping="greedy"), "stopping"),
+        (dict(length_penalty_style="wu"), "length_penalty_style"),
+        (dict(print_alignment="fuzzy"), "print_alignment"),
+        (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
+    ],
+)
+def test_bad_options_fail_in_constructor(vocab, models, options, option_name):
+    with pytest.raises(ValueError, match=option_name):
+        SequenceGenerator(models["fconv"][:1], vocab, **options)
+
+
+def test_min_len_above_source_dependent_max_len_fails_before_work(vocab, models):
+    gen = SequenceGenerator(models["fconv"][:1], vocab, min_len=10, max_len_a=1, max_len_b=0)
+    rows = count_rows(gen)
+    with pytest.raises(ValueError, match="min_len"):
+        gen.generate(models["fconv"][:1], make_batch(vocab, 2, seed=0, lengths=(2, 4)))
+    assert rows == []
+
+
+def test_unsupported_search_strategy_is_refused(vocab, models):
+    with pytest.raises(ValueError, match="Sampling"):
+        SequenceGenerator(models["fconv"][:1], vocab, search_strategy=search.Sampling(vocab))
+
+
+def test_forward_matches_generate(vocab, models):
+    model = models["transformer"][0]
+    sample = make_batch(vocab, 3, seed=15)
+    gen = SequenceGenerator([model], vocab, beam_size=2, max_len_b=10)
+    assert_same(gen.generate([model], sample), gen(sample))
+    assert math.isfinite(float(gen(sample)[0][0]["score"]))
