@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Train the recipe's ConvS2S on $WORK/bin with our task; resume from checkpoint_last.pt if an
+# earlier run stopped. Extra arguments go to fairseq-train (train_ddp_cpu.sh adds DDP options).
+#
+#   bash data/train.sh [FAIRSEQ_TRAIN_OPTION...]
+#
+# SAVE_DIR (default $WORK/checkpoints) and STEP_NAME (default train) let other scripts train
+# beside the main run; DDP_CPU_PROCS=N trains with N CPU processes (see train_ddp_cpu.sh).
+# Raising MAX_EPOCH after a finished run trains on from where it stopped.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+SAVE_DIR="${SAVE_DIR:-$WORK/checkpoints}"
+STEP_NAME="${STEP_NAME:-train}"
+DDP_CPU_PROCS="${DDP_CPU_PROCS:-1}"
+need_command fairseq-train
+[[ -f "$WORK/done/binarize" ]] || die "no prepared data in $WORK: run data/prepare.sh first"
+claim "$SAVE_DIR" "arch=$ARCH ${TRAIN_ARGS[*]} $* processes=$DDP_CPU_PROCS" \
+  "$SAVE_DIR/checkpoint_last.pt"
+
+marker="$WORK/done/$STEP_NAME"
+if [[ -f "$marker" && "$(cut -d' ' -f1 "$marker")" != "$MAX_EPOCH" ]]; then
+  STEP="$STEP_NAME" log "trained $(cut -d' ' -f1 "$marker") epochs before; going on to $MAX_EPOCH"
+  rm "$marker"
+fi
+begin_step "$STEP_NAME" || exit 0
+if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
+  log "an earlier run stopped: resuming from $SAVE_DIR/checkpoint_last.pt"
+fi
+
+mkdir -p "$WORK/logs"
+train=(fairseq-train "$WORK/bin" --user-dir "$ROOT/beamplugin" --task beam_translation
+  --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" "${TRAIN_ARGS[@]}"
+  --max-epoch "$MAX_EPOCH" --save-dir "$SAVE_DIR" --no-epoch-checkpoints
+  --save-interval-updates 50 --keep-interval-updates 1
+  --log-format simple --log-interval 10 "$@")
+# The whole output goes to the log; the terminal gets fairseq's progress lines.
+progress() {
+  tee -a "$WORK/logs/$STEP_NAME.log" | {
+    grep --line-buffered -E '\| (train_inner|train|valid) \||done training|oaded checkpoint|Error' ||
+      true
+  }
+}
+failed() { die "fairseq-train stopped; the end of $WORK/logs/$STEP_NAME.log:
+$(tail -n 15 "$WORK/logs/$STEP_NAME.log")"; }
+start=$(date +%s)
+if ((DDP_CPU_PROCS > 1)); then
+  # fairseq spawns one process per GPU only, so on CPU we start the ranks ourselves; rank 0
+  # logs and saves checkpoints, the others log warnings to logs/STEP.rankN.log.
+  port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+  ddp=(--cpu --distributed-backend gloo --distributed-world-size "$DDP_CPU_PROCS"
+    --distributed-init-method "tcp://127.0.0.1:$port" --distributed-no-spawn)
+  log "training with fairseq's distributed data parallel: $DDP_CPU_PROCS CPU processes (gloo)"
+  ranks=()
+  for ((rank = 1; rank < DDP_CPU_PROCS; rank++)); do
+    OMP_NUM_THREADS=1 "${train[@]}" "${ddp[@]}" --distributed-rank "$rank" \
+      >"$WORK/logs/$STEP_NAME.rank$rank.log" 2>&1 &
+    ranks+=($!)
+  done
+  OMP_NUM_THREADS=1 "${train[@]}" "${ddp[@]}" --distributed-rank 0 2>&1 | progress || failed
+  for pid in "${ranks[@]}"; do wait "$pid" || die "a training rank failed; see $WORK/logs"; done
+else
+  "${train[@]}" 2>&1 | progress || failed
+fi
+# Training time adds up over resumed runs.
+seconds=$(( $(cat "$SAVE_DIR/train_seconds" 2>/dev/null || echo 0) + $(date +%s) - start ))
+echo "$seconds" >"$SAVE_DIR/train_seconds"
+
+# fairseq-train exits non-zero when stopped, so reaching this line means it ran to MAX_EPOCH
+# or stopped early by its own rule (--patience).
+[[ -f "$SAVE_DIR/checkpoint_best.pt" ]] || die "fairseq-train saved no checkpoint_best.pt"
+finish_step "$MAX_EPOCH epochs at most, $seconds s of training, checkpoints in $SAVE_DIR"
