@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import FairseqIncrementalState
 from torch import Tensor, nn
 
@@ -52,8 +53,9 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
 
     Incremental decoding keeps the last ``kernel_size`` inputs per row as ``input_buffer`` in the
     incremental state (zeros before the first step; each step shifts it left and appends the new
-    frame) and takes one matrix product with the flattened weight, whose row order
-    (frame, in_channel) already matches the flattened buffer.
+    frame) and takes one matrix product with the linearized weight, out_channels x (frame,
+    in_channel), cached with the folded weight. (That layout is also fconv's, so both compute
+    each step with the same operation and get bit-identical results.)
     """
 
     def forward(self, x: Tensor, incremental_state: IncrementalState | None = None) -> Tensor:
@@ -68,8 +70,11 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
                 buffer = x.new_zeros(bsz, self.kernel_size, self.in_channels)
             x = torch.cat((buffer[:, 1:], x), dim=1)
             self.set_incremental_state(incremental_state, "input_buffer", x)
-        flat_weight = self.weight.view(-1, self.out_channels)
-        return torch.addmm(self.bias, x.reshape(bsz, -1), flat_weight).view(bsz, 1, -1)
+        weight = self.derived_weight("linearized", self._linearize)
+        return F.linear(x.view(bsz, -1), weight, self.bias).view(bsz, 1, -1)
+
+    def _linearize(self, weight: Tensor) -> Tensor:
+        return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
 
     def reorder_buffer(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
         """Keep the rows of ``new_order`` (a permutation, repetition or subset of the batch).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -25,22 +26,36 @@ class FoldedWeightNorm(nn.Module):
         self.bias = nn.Parameter(bias)
         self.weight_g = nn.Parameter(torch.norm_except_dim(weight, 2, norm_dim))
         self.weight_v = nn.Parameter(weight)
-        self._folded: Tensor | None = None
-        self._folded_key: tuple[int, int, int, int] | None = None
+        self._cache: dict[str, Tensor] = {}
+        self._cache_key: tuple[int, int, int, int] | None = None
 
     @property
     def weight(self) -> Tensor:
-        g, v = self.weight_g, self.weight_v
         if torch.is_grad_enabled():
-            return torch._weight_norm(v, g, self.norm_dim)
+            return torch._weight_norm(self.weight_v, self.weight_g, self.norm_dim)
+        return self._folded()["weight"]
+
+    def derived_weight(self, name: str, derive: Callable[[Tensor], Tensor]) -> Tensor:
+        """``derive(weight)`` (e.g. another layout for decoding), cached under ``name`` along
+        with the folded weight."""
+        if torch.is_grad_enabled():
+            return derive(self.weight)
+        cache = self._folded()
+        if name not in cache:
+            cache[name] = derive(cache["weight"])
+        return cache[name]
+
+    def _folded(self) -> dict[str, Tensor]:
+        """The folded weight and what was derived from it, refreshed when g or v changed."""
+        g, v = self.weight_g, self.weight_v
         key = (g._version, v._version, g.data_ptr(), v.data_ptr())
-        if self._folded is None or key != self._folded_key:
-            self._folded = torch._weight_norm(v, g, self.norm_dim)
-            self._folded_key = key
-        return self._folded
+        if key != self._cache_key:
+            self._cache = {"weight": torch._weight_norm(v, g, self.norm_dim)}
+            self._cache_key = key
+        return self._cache
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001  (torch's private signature)
-        self._folded = None  # parameters are being moved or cast
+        self._cache, self._cache_key = {}, None  # parameters are being moved or cast
         return super()._apply(fn, recurse)
 
 
