@@ -2,65 +2,23 @@
 
 from __future__ import annotations
 
-import os
-import random
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from fairseq_tools import N_TEST, binarized_toy_corpus, run_tool
 from hostile import RunsCode
 
 import beamplugin  # noqa: F401  (the safe loader reads the trained checkpoint below)
-
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-N_TEST = 100
-WORDS = [f"w{i}" for i in range(40)]
-
-
-def _run(tool: str, *args: str, stdin: str | None = None, check: bool = True):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [str(BIN / tool), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def _write_corpus(root: Path) -> None:
-    rng = random.Random(0)
-    for split, n in [("train", 400), ("valid", 20), ("test", N_TEST)]:
-        src, tgt = [], []
-        for _ in range(n):
-            sent = [rng.choice(WORDS) for _ in range(rng.randint(1, 12))]
-            src.append(" ".join(sent))
-            tgt.append(" ".join(reversed(sent)))
-        (root / f"{split}.de").write_text("\n".join(src) + "\n")
-        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    _write_corpus(root)
-    data = root / "bin"
-    _run(
-        "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
-        "--trainpref", str(root / "train"), "--validpref", str(root / "valid"),
-        "--testpref", str(root / "test"), "--destdir", str(data),
-        "--joined-dictionary", "--workers", "1",
-    )  # fmt: skip
+    data = binarized_toy_corpus(root)
     ckpt = root / "ckpt"
-    _run(
+    run_tool(
         "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1",
         "--max-tokens", "2000", "--max-update", "4", "--save-dir", str(ckpt), "--cpu",
@@ -84,7 +42,7 @@ def _hypothesis_ids(output: str) -> list[int]:
 )
 def test_generate_translates_every_test_sentence(trained, batching):
     data, ckpt = trained
-    out = _run(
+    out = run_tool(
         "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--path", str(ckpt), "--beam", "4", "--cpu", "--gen-subset", "test", *batching,
     )  # fmt: skip
@@ -94,7 +52,7 @@ def test_generate_translates_every_test_sentence(trained, batching):
 def test_interactive_answers_every_input_line(trained):
     data, ckpt = trained
     lines = ["w1 w2 w3", "w5", "w7 w7 w8 w9 w10", "w3 w2"]
-    out = _run(
+    out = run_tool(
         "fairseq-interactive", str(data), "--user-dir", "beamplugin",
         "--task", "beam_translation", "--path", str(ckpt), "--beam", "3", "--cpu",
         "--source-lang", "de", "--target-lang", "en", "--buffer-size", "3",
@@ -113,7 +71,7 @@ def test_hostile_checkpoint_refused_by_fairseq_generate(trained, tmp_path):
     state["extra_state"]["payload"] = RunsCode(str(marker))
     bad = tmp_path / "hostile.pt"
     torch.save(state, bad)
-    out = _run(
+    out = run_tool(
         "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--path", str(bad), "--cpu", "--gen-subset", "test", "--batch-size", "8",
         check=False,
@@ -124,7 +82,7 @@ def test_hostile_checkpoint_refused_by_fairseq_generate(trained, tmp_path):
 
 
 def _interactive(ckpt: Path, data: Path, lines: list[str], *extra: str):
-    return _run(
+    return run_tool(
         "fairseq-interactive", str(data), "--user-dir", "beamplugin",
         "--task", "beam_translation", "--path", str(ckpt), "--beam", "2", "--cpu",
         "--source-lang", "de", "--target-lang", "en", "--buffer-size", "4", *extra,

@@ -1,0 +1,63 @@
+"""An existing fairseq fconv checkpoint runs unchanged as convs2s, through fairseq-generate."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from fairseq_tools import binarized_toy_corpus, run_tool
+
+from beamplugin.fconv_checkpoints import fconv_as_convs2s
+from beamplugin.models.convs2s import ConvS2SModel
+
+FCONV_SMALL = [
+    "--arch", "fconv_iwslt_de_en", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--decoder-out-embed-dim", "32", "--encoder-layers", "[(32, 3)] * 2",
+    "--decoder-layers", "[(32, 3)] * 2",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fconv_checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fconv")
+    data = binarized_toy_corpus(root)
+    # Plain fairseq training (fairseq's task and model); only loading needs the plugin.
+    run_tool(
+        "fairseq-train", str(data), "--user-dir", "beamplugin", *FCONV_SMALL,
+        "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1", "--max-tokens", "2000",
+        "--max-update", "6", "--save-dir", str(root / "ckpt"), "--cpu", "--no-progress-bar",
+    )  # fmt: skip
+    return data, root / "ckpt" / "checkpoint_last.pt"
+
+
+def test_converted_checkpoint_builds_convs2s_and_translates_identically(fconv_checkpoint):
+    data, fconv = fconv_checkpoint
+    convs2s = fconv.with_name("convs2s.pt")
+    subprocess.run(
+        [sys.executable, "-m", "beamplugin.fconv_checkpoints", str(fconv), str(convs2s)],
+        check=True,
+    )
+    models, _ = checkpoint_utils.load_model_ensemble([str(convs2s)])
+    assert type(models[0]) is ConvS2SModel
+
+    def generate(path):
+        # fconv's BeamableMM rounds differently in the last bit; the plain product is fconv's.
+        out = run_tool(
+            "fairseq-generate", str(data), "--user-dir", "beamplugin",
+            "--task", "beam_translation", "--path", str(path), "--beam", "4", "--cpu",
+            "--batch-size", "16", "--no-beamable-mm",
+        )  # fmt: skip
+        return sorted(line for line in out.stdout.splitlines() if line[:2] in ("H-", "P-"))
+
+    theirs, ours = generate(fconv), generate(convs2s)
+    assert len(theirs) == 200 and ours == theirs
+
+
+def test_other_architectures_are_refused_by_name():
+    state = {"args": None, "cfg": {"model": argparse.Namespace(arch="transformer")}}
+    with pytest.raises(ValueError, match="'transformer' is not an fconv translation model"):
+        fconv_as_convs2s(state)
+    state = {"cfg": {"model": {"_name": "fconv_wmt_en_de"}}, "model": {"w": torch.ones(1)}}
+    assert fconv_as_convs2s(state)["cfg"]["model"]["_name"] == "convs2s_wmt_en_de"
