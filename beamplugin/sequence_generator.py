@@ -58,10 +58,24 @@ class EnsembleDecoder(nn.Module):
             for model, out in zip(self.models, encoder_outs, strict=True)
         ]
 
-    def reorder_states(self, states: list[dict], order: Tensor) -> None:
-        if self.incremental:
-            for model, state in zip(self.models, states, strict=True):
-                model.decoder.reorder_incremental_state_scripting(state, order)
+    def reorderers(self) -> list[list[nn.Module]]:
+        """Per model, the decoder modules that keep incremental state: what fairseq's
+        ``reorder_incremental_state_scripting`` finds by walking all modules at every step."""
+        if not self.incremental:
+            return [[] for _ in self.models]
+        return [
+            [m for m in model.decoder.modules() if hasattr(m, "reorder_incremental_state")]
+            for model in self.models
+        ]
+
+    def reorder_states(
+        self, reorderers: list[list[nn.Module]], states: list[dict], order: Tensor
+    ) -> None:
+        for modules, state in zip(reorderers, states, strict=True):
+            for module in modules:
+                result = module.reorder_incremental_state(state, order)
+                if result is not None:
+                    state = result
 
     def decode_step(
         self, tokens: Tensor, encoder_outs: list[Any], states: list[dict], temperature: float
@@ -367,6 +381,7 @@ class _Search:
         expand = torch.arange(self.bsz, device=self.device).repeat_interleave(beam)
         encoder_outs = model.reorder_encoder_out(encoder_outs, expand)
         states: list[dict] = [{} for _ in model.models]
+        self.reorderers = model.reorderers()
         for step in range(self.max_len + 1):
             lprobs, attn = model.decode_step(self.tokens, encoder_outs, states, gen.temperature)
             n = len(self.live)
@@ -378,12 +393,20 @@ class _Search:
             lprobs = self.mask(lprobs, step)
             in_beam = self.scores.size(1)
             res = beam_step(lprobs.view(n, beam, -1)[:, :in_beam], self.scores, beam, gen.eos)
-            flag = res.finalize.any()
+            # The one host synchronisation of a step: did anything finish (or go NaN)?
+            # A NaN log-prob would rank first (topk puts NaN on top), so the best is checked.
+            flag = res.finalize.any() | res.cand_scores[:, 0].isnan().any()
             if gen.stopping == "exact":
                 bound = self.best_possible(res.alive_scores[:, 0], step)
                 flag = flag | bound.le(self.worst).any()
             keep: Tensor | None = None
             if step == self.max_len or flag.item():
+                if res.cand_scores[:, 0].isnan().any():
+                    # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
+                    lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+                    res = beam_step(
+                        lprobs.view(n, beam, -1)[:, :in_beam], self.scores, beam, gen.eos
+                    )
                 done = self.finish(step, res, lprobs, attn)
                 if step == self.max_len or all(done):
                     break
@@ -404,7 +427,6 @@ class _Search:
             lm_out = gen.lm_model(self.tokens)
             lm_lprobs = gen.lm_model.get_normalized_probs(lm_out, log_probs=True, sample=None)
             lprobs = lprobs + lm_lprobs[:, -1, :] * gen.lm_weight
-        lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
         prefix_step = (
             self.prefix_tokens is not None
             and step < self.prefix_tokens.size(1)
@@ -568,4 +590,4 @@ class _Search:
             history = torch.cat([self.attention, attn.unsqueeze(1)], 1)
             self.attention = history.index_select(0, order)
         self.scores = alive_scores
-        self.gen.model.reorder_states(states, order)
+        self.gen.model.reorder_states(self.reorderers, states, order)

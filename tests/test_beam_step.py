@@ -10,6 +10,7 @@ from fairseq import search
 from fairseq.data import Dictionary
 
 from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
+from beamplugin.search.beam_step import top_candidates
 
 INF = math.inf
 EOS = 2  # fairseq's Dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3, words from 4
@@ -150,6 +151,30 @@ def test_ties_and_random_tables_match_fairseq(beam, step):
         assert ours.alive_tokens.tolist() == cand_tokens.gather(1, active).tolist()
         assert ours.alive_beams.tolist() == cand_beams.gather(1, active).tolist()
         assert ours.alive_scores.tolist() == cand_scores.gather(1, active).tolist()
+
+
+@pytest.mark.parametrize("bsz, in_beam, vocab", [(40, 5, 2000), (64, 1, 8000), (30, 8, 1000)])
+def test_chunked_top_candidates_equal_a_full_topk(bsz, in_beam, vocab):
+    # large enough for the chunked search; random floats have no ties, so order is fixed too
+    g = torch.Generator().manual_seed(vocab)
+    beam = 8
+    lprobs = torch.randn(bsz, beam, vocab, generator=g).log_softmax(-1)[:, :in_beam]
+    lprobs[:, :, 1] = -INF
+    lprobs[0, 0, 100:] = -INF  # a hypothesis with few live tokens
+    scores = torch.randn(bsz, in_beam, generator=g) * 5
+    k = 2 * beam
+    values, indices = top_candidates(lprobs, scores, k)
+    ref_values, ref_indices = torch.topk((lprobs + scores.unsqueeze(2)).view(bsz, -1), k)
+    assert torch.equal(values, ref_values)
+    assert torch.equal(indices, ref_indices)
+
+
+def test_chunked_top_candidates_put_nan_first():
+    lprobs = torch.randn(40, 5, 2000).log_softmax(-1)
+    lprobs[3, 2, 777] = math.nan
+    values, indices = top_candidates(lprobs, torch.zeros(40, 5), 10)
+    assert math.isnan(values[3, 0]) and indices[3, 0] == 2 * 2000 + 777
+    assert not values[[0, 1, 2, 4]].isnan().any()
 
 
 def test_length_normalisers():

@@ -18,8 +18,8 @@ from fairseq.models.fconv import FConvModel
 from fairseq.models.fconv import base_architecture as fconv_architecture
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_architecture
+from fairseq.sequence_generator import EnsembleModel, SequenceGeneratorWithAlignment
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from fairseq.sequence_generator import SequenceGeneratorWithAlignment
 
 from beamplugin import SequenceGenerator
 
@@ -180,6 +180,48 @@ def test_equals_fairseq_and_shrinks(vocab, models, arch, options):
     assert_same(ref, out)
     # finished sentences leave: the batch never grows (test_batch_shrinks checks it shrinks)
     assert rows == sorted(rows, reverse=True)
+
+
+def test_large_vocabulary_equals_fairseq(models):
+    # 2k words x 5 beams x 16 sentences: the chunked top-k path of the search step
+    big = Dictionary()
+    for i in range(2044):
+        big.add_symbol(f"w{i}")
+    big.finalize(padding_factor=1)
+    model = build_fconv(big, 4)
+    with torch.no_grad():
+        model.decoder.fc3.bias[big.eos()] += 2.5
+    sample = make_batch(big, 16, seed=16)
+    options = dict(beam_size=5, max_len_b=12)
+    ref = FairseqGenerator([model], big, **options).generate([model], sample)
+    gen = SequenceGenerator([model], big, **options)
+    rows = count_rows(gen)
+    assert_same(ref, gen.generate([model], sample))
+    assert rows[-1] < rows[0]
+
+
+def test_nan_log_probs_are_never_chosen_as_in_fairseq(vocab, models, monkeypatch):
+    model = models["fconv"][0]
+    sample = make_batch(vocab, 6, seed=17)
+
+    def poison(lprobs: torch.Tensor) -> torch.Tensor:
+        lprobs[:, 7] = math.nan  # a word that would otherwise be chosen often
+        lprobs[::3, vocab.eos()] = math.nan
+        return lprobs
+
+    fairseq_forward = EnsembleModel.forward_decoder
+    monkeypatch.setattr(
+        EnsembleModel,
+        "forward_decoder",
+        lambda self, *a, **k: (poison(fairseq_forward(self, *a, **k)[0]), None),
+    )
+    ref = FairseqGenerator([model], vocab, beam_size=3, max_len_b=12).generate([model], sample)
+    gen = SequenceGenerator([model], vocab, beam_size=3, max_len_b=12)
+    decode_step = gen.model.decode_step
+    gen.model.decode_step = lambda *a, **k: (poison(decode_step(*a, **k)[0]), None)
+    out = gen.generate([model], sample)
+    assert_same(ref, out)
+    assert all(7 not in h["tokens"].tolist() for hs in out for h in hs)
 
 
 @pytest.mark.parametrize("arch", sorted(BUILDERS))

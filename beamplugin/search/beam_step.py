@@ -40,10 +40,9 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         eos: end-of-sentence token.
     """
     bsz, in_beam, vocab = lprobs.shape
-    total = lprobs + scores.unsqueeze(2)
-    # Same k as fairseq: ties are then broken identically by torch.topk.
+    # fairseq's k: the 2 x beam best, or all but one (pad is never a candidate)
     k = min(2 * beam_size, in_beam * vocab - 1)
-    cand_scores, flat = torch.topk(total.view(bsz, -1), k)
+    cand_scores, flat = top_candidates(lprobs, scores, k)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
     cand_tokens = flat.remainder(vocab)
     # An EOS with score -inf (masked EOS) is an ordinary dead candidate, as in fairseq.
@@ -52,8 +51,9 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
     sorted_eos, order = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True)
     order = order[:, :beam_size]
     alive_scores = cand_scores.gather(1, order)
-    # Only a tiny vocabulary leaves fewer than beam non-EOS candidates: those slots are dead.
-    alive_scores.masked_fill_(sorted_eos[:, :beam_size].bool(), -math.inf)
+    if k - in_beam < beam_size:
+        # Fewer than beam non-EOS candidates are possible (tiny vocabulary): such slots are dead.
+        alive_scores.masked_fill_(sorted_eos[:, :beam_size].bool(), -math.inf)
     return BeamStep(
         cand_scores=cand_scores,
         cand_tokens=cand_tokens,
@@ -63,6 +63,43 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         alive_tokens=cand_tokens.gather(1, order),
         alive_scores=alive_scores,
     )
+
+
+# Below this many log-probs per step a plain torch.topk is as fast as the chunked one.
+CHUNKED_TOPK_MIN_SIZE = 1 << 17
+
+
+def chunk_size(vocab: int, chunks_needed: int) -> int | None:
+    """A divisor of ``vocab`` near 48 (16..256) leaving at least ``chunks_needed`` chunks."""
+    sizes = [d for d in range(16, 257) if vocab % d == 0 and vocab // d >= chunks_needed]
+    return min(sizes, key=lambda d: abs(d - 48)) if sizes else None
+
+
+def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``torch.topk`` of ``lprobs + scores`` over ``in_beam x vocab`` per sentence.
+
+    Returns the candidates' scores and flat indices (``beam * vocab + token``), best first.
+    For large inputs the sum is not materialised: each hypothesis' vocabulary is cut into
+    chunks, and since the k best candidates lie in the k chunks with the best maxima, only
+    those chunks are summed and searched. Scores and candidates are the same as a full
+    ``torch.topk`` (same float additions); only the order among exactly equal scores, which
+    torch.topk leaves unspecified too, may differ.
+    """
+    bsz, in_beam, vocab = lprobs.shape
+    chunk = chunk_size(vocab, k) if lprobs.numel() >= CHUNKED_TOPK_MIN_SIZE else None
+    if chunk is None:
+        return torch.topk((lprobs + scores.unsqueeze(2)).view(bsz, -1), k)
+    per_beam = vocab // chunk
+    chunks = lprobs.reshape(bsz, in_beam * per_beam, chunk)
+    # fl(max + s) == max(fl(x + s)): rounding is monotone, so these are the chunks' best totals
+    chunk_best = chunks.amax(2).view(bsz, in_beam, per_beam).add_(scores.unsqueeze(2))
+    best_chunks = torch.topk(chunk_best.view(bsz, -1), k).indices.sort(dim=1).values
+    picked = chunks.gather(1, best_chunks.unsqueeze(2).expand(-1, -1, chunk))
+    beams = torch.div(best_chunks, per_beam, rounding_mode="floor")
+    picked = picked + scores.gather(1, beams).unsqueeze(2)
+    cand_scores, position = torch.topk(picked.view(bsz, -1), k)
+    chunk_of = best_chunks.gather(1, torch.div(position, chunk, rounding_mode="floor"))
+    return cand_scores, chunk_of * chunk + position.remainder(chunk)
 
 
 def length_normaliser(length: int, alpha: float, style: str) -> float:

@@ -1,0 +1,274 @@
+"""Time beamplugin's generator against fairseq's, on the same checkpoint and sentences.
+
+Three systems, run interleaved (one pass over all batches each, in turn, ``--repeats`` times):
+
+* ``fairseq``: fairseq's fconv + fairseq's SequenceGenerator (the baseline);
+* ``ours/fconv``: the same fconv + our SequenceGenerator: (a) the generator alone;
+* ``ours/convs2s``: our convs2s (the fconv checkpoint loaded into it) + our generator:
+  (b) end to end.
+
+Each model is prepared as fairseq-generate prepares it (``eval()``, ``prepare_for_inference_``:
+weight norm removed, BeamableMM in fconv, no attention kept). Prints the median time per system,
+the median speed-up against fairseq, whether the outputs agree (tokens of every hypothesis, scores
+within 1e-4), and, from a separate instrumented pass, where the time goes: model forwards
+(encoder and decoder steps), reordering of the decoder states / encoder output, and the rest
+(search bookkeeping).
+
+    python scripts/bench_generate.py --path ckpt/checkpoint_best.pt --data data-bin \\
+        --batch-sizes 1 64 --beam 5 --threads 2 --max-sentences 200
+    python scripts/bench_generate.py --random   # fconv_iwslt_de_en shape, 8k vocabulary
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from argparse import Namespace
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from fairseq import checkpoint_utils, utils
+from fairseq.data import Dictionary, data_utils
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models.fconv import FConvModel
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+
+import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
+from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.sequence_generator import SequenceGenerator
+
+Batch = dict[str, Any]
+
+
+def parse_args() -> Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", help="fconv checkpoint (fairseq-train --arch fconv_*)")
+    parser.add_argument("--data", help="binarized data dir of the checkpoint")
+    parser.add_argument("--gen-subset", default="test")
+    parser.add_argument("--random", action="store_true", help="random fconv_iwslt_de_en model")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--lenpen", type=float, default=1.0)
+    parser.add_argument("--max-len-b", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-sentences", type=int, default=128, help="sentences timed")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if not args.random and not (args.path and args.data):
+        parser.error("give --path and --data, or --random")
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# models and sentences
+
+
+def random_fconv(vocab_size: int, seed: int) -> tuple[FConvModel, Dictionary, Namespace]:
+    """An fconv_iwslt_de_en-shaped model with random weights, sharpened so that outputs end at
+    varied lengths (a random model otherwise rambles on to max length)."""
+    dictionary = Dictionary()
+    for index in range(vocab_size - dictionary.nspecial):
+        dictionary.add_symbol(f"w{index}")
+    dictionary.finalize(padding_factor=8)
+    args = Namespace(max_source_positions=1024, max_target_positions=1024, arch="fconv_iwslt_de_en")
+    ARCH_CONFIG_REGISTRY["fconv_iwslt_de_en"](args)
+    task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    torch.manual_seed(seed)
+    model = FConvModel.build_model(args, task)
+    with torch.no_grad():
+        model.decoder.fc3.weight_g.mul_(10)
+        model.decoder.fc3.bias[dictionary.eos()] += 4.5
+    return model.eval(), dictionary, args
+
+
+def random_batches(dictionary: Dictionary, n: int, batch_size: int, seed: int) -> list[Batch]:
+    """IWSLT-like source lengths (5 to 40 words), left-padded and ending in EOS."""
+    g = torch.Generator().manual_seed(seed)
+    sentences = [
+        torch.cat(
+            [
+                torch.randint(dictionary.nspecial, len(dictionary), (int(length),), generator=g),
+                torch.tensor([dictionary.eos()]),
+            ]
+        )
+        for length in torch.randint(5, 41, (n,), generator=g)
+    ]
+    return [collate(sentences[i : i + batch_size], dictionary, i) for i in range(0, n, batch_size)]
+
+
+def collate(sentences: list[torch.Tensor], dictionary: Dictionary, first_id: int) -> Batch:
+    return {
+        "id": torch.arange(first_id, first_id + len(sentences)),
+        "net_input": {
+            "src_tokens": data_utils.collate_tokens(sentences, dictionary.pad(), left_pad=True),
+            "src_lengths": torch.tensor([s.numel() for s in sentences]),
+        },
+    }
+
+
+def checkpoint_fconv(path: str, data: str) -> tuple[FConvModel, Any, Namespace]:
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [path], arg_overrides={"data": data}
+    )
+    model = models[0]
+    if not isinstance(model, FConvModel):
+        raise SystemExit(f"{path} holds a {type(model).__name__}, not an fconv model")
+    args = cfg.model if isinstance(cfg.model, Namespace) else Namespace(**dict(cfg.model))
+    args.arch = getattr(args, "arch", None) or getattr(args, "_name", "fconv")
+    return model.eval(), task, args
+
+
+def checkpoint_batches(task: Any, subset: str, n: int, batch_size: int) -> list[Batch]:
+    task.load_dataset(subset)
+    dataset = task.dataset(subset)
+    indices = list(range(min(n, len(dataset))))
+    return [
+        dataset.collater([dataset[i] for i in indices[start : start + batch_size]])
+        for start in range(0, len(indices), batch_size)
+    ]
+
+
+def convs2s_from(fconv: FConvModel, args: Namespace, dictionary: Dictionary) -> ConvS2SModel:
+    """Our convs2s with the fconv's weights (same parameter names: a strict load)."""
+    our_args = Namespace(**vars(args))
+    arch = str(args.arch).replace("fconv", "convs2s", 1)
+    our_args.arch = arch if arch in ARCH_CONFIG_REGISTRY else "convs2s"
+    ARCH_CONFIG_REGISTRY[our_args.arch](our_args)
+    task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    model = ConvS2SModel.build_model(our_args, task)
+    model.load_state_dict(fconv.state_dict(), strict=True)
+    return model.eval()
+
+
+def prepare(model: torch.nn.Module, beam: int) -> torch.nn.Module:
+    """As fairseq-generate: BeamableMM for this beam, no attention kept, weight norm folded."""
+    cfg = Namespace(generation=Namespace(beam=beam, print_alignment=False, no_beamable_mm=False))
+    model.prepare_for_inference_(cfg)  # also puts it in eval mode for good
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# timing
+
+
+class Timers:
+    """Wall time spent inside wrapped methods, by category."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner: Any, name: str, category: str) -> Callable[[], None]:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds[category] = self.seconds.get(category, 0.0) + (
+                    time.perf_counter() - start
+                )
+
+        setattr(owner, name, timed)
+        return lambda: delattr(owner, name) if name in vars(owner) else None
+
+
+def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
+    model = generator.model
+    if isinstance(generator, SequenceGenerator):
+        names = {"encode": "forward", "decode_step": "forward"}
+        names |= {"reorder_states": "reorder", "reorder_encoder_out": "reorder"}
+    else:
+        names = {"forward_encoder": "forward", "forward_decoder": "forward"}
+        names |= {"reorder_incremental_state": "reorder", "reorder_encoder_out": "reorder"}
+    return [timers.wrap(model, name, category) for name, category in names.items()]
+
+
+def run(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> tuple[float, list]:
+    start = time.perf_counter()
+    outputs = []
+    for batch in batches:
+        outputs.extend(generator.generate([model], batch))
+    return time.perf_counter() - start, outputs
+
+
+def agreement(reference: list, outputs: list) -> tuple[int, int]:
+    """(sentences whose hypotheses all agree, sentences)."""
+    same = 0
+    for ref, out in zip(reference, outputs, strict=True):
+        same += len(ref) == len(out) and all(
+            r["tokens"].tolist() == o["tokens"].tolist()
+            and abs(float(r["score"]) - float(o["score"])) <= 1e-4
+            for r, o in zip(ref, out, strict=True)
+        )
+    return same, len(reference)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    if args.random:
+        fconv, dictionary, model_args = random_fconv(8000, args.seed)
+        source = f"random fconv_iwslt_de_en, {len(dictionary)} words"
+    else:
+        fconv, task, model_args = checkpoint_fconv(args.path, args.data)
+        dictionary = task.target_dictionary
+        source = f"{args.path} on {args.data}:{args.gen_subset}"
+    convs2s = prepare(convs2s_from(fconv, model_args, dictionary), args.beam)
+    fconv = prepare(fconv, args.beam)
+    options = dict(beam_size=args.beam, max_len_b=args.max_len_b, len_penalty=args.lenpen)
+    systems = {
+        "fairseq": (FairseqGenerator([fconv], dictionary, **options), fconv),
+        "ours/fconv": (SequenceGenerator([fconv], dictionary, **options), fconv),
+        "ours/convs2s": (SequenceGenerator([convs2s], dictionary, **options), convs2s),
+    }
+    print(f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}")
+    for batch_size in args.batch_sizes:
+        if args.random:
+            batches = random_batches(dictionary, args.max_sentences, batch_size, args.seed)
+        else:
+            batches = checkpoint_batches(task, args.gen_subset, args.max_sentences, batch_size)
+        sentences = sum(len(b["id"]) for b in batches)
+        times: dict[str, list[float]] = {name: [] for name in systems}
+        outputs: dict[str, list] = {}
+        for name, (generator, model) in systems.items():  # warm-up, also the outputs
+            _, outputs[name] = run(generator, model, batches)
+        for _ in range(args.repeats):
+            for name, (generator, model) in systems.items():
+                times[name].append(run(generator, model, batches)[0])
+        tokens = sum(len(hypos[0]["tokens"]) for hypos in outputs["fairseq"])
+        print(
+            f"\n## batch size {batch_size}: {sentences} sentences, {tokens} output tokens "
+            f"(best hypotheses), median of {args.repeats} interleaved runs"
+        )
+        base = statistics.median(times["fairseq"])
+        for name in systems:
+            median = statistics.median(times[name])
+            same, total = agreement(outputs["fairseq"], outputs[name])
+            print(
+                f"{name:13s} {median:8.3f} s  {sentences / median:8.1f} sent/s  "
+                f"speed-up x{base / median:5.2f}  outputs equal to fairseq: {same}/{total}"
+            )
+        print("time split (instrumented pass): forward / state+encoder reorder / bookkeeping")
+        for name, (generator, model) in systems.items():
+            timers = Timers()
+            restore = instrument(generator, timers)
+            total_time = run(generator, model, batches)[0]
+            for undo in restore:
+                undo()
+            forward = timers.seconds.get("forward", 0.0)
+            reorder = timers.seconds.get("reorder", 0.0)
+            rest = total_time - forward - reorder
+            shares = [100 * part / total_time for part in (forward, reorder, rest)]
+            print(
+                f"{name:13s} {shares[0]:5.1f}% / {shares[1]:5.1f}% / {shares[2]:5.1f}%   "
+                f"(everything but forwards: {shares[1] + shares[2]:.1f}%)"
+            )
+
+
+if __name__ == "__main__":
+    utils.set_torch_seed(1)
+    main()
