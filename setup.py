@@ -7,7 +7,8 @@ from setuptools import find_packages, setup
 #  - ve-fairseq 0.12.3: fairseq 0.12.2 does not import on Python 3.11; this is a prebuilt cp311
 #    wheel of fairseq's main branch (fairseq-fixed needs ~8 minutes of compiling). See README.
 #  - torchaudio 2.11.0: ve-fairseq requires some torchaudio; 2.11.0 declares no torch pin, so it
-#    sits beside torch 2.13.0 instead of dragging in another torch. fairseq's text code never uses it.
+#    sits beside torch 2.13.0 instead of dragging in another torch; fairseq's text code never
+#    uses it.
 INSTALL_REQUIRES = [
     "torch==2.13.0",
     "ve-fairseq==0.12.3",
