@@ -31,8 +31,13 @@ def hypotheses(lines: Iterable[str]) -> dict[int, str]:
     return found
 
 
-def merge(outputs: Iterable[Path], expected: int) -> list[str]:
-    """Hypotheses of all outputs in input order; every id in 0..expected-1 exactly once."""
+def merge(
+    outputs: Iterable[Path], expected: int, allow_missing: bool = False
+) -> list[str | None]:
+    """Hypotheses of all outputs in input order: every id in 0..expected-1 exactly once.
+
+    With allow_missing, an id nobody translated gives None instead of an error.
+    """
     merged: dict[int, str] = {}
     for path in outputs:
         for sentence_id, text in hypotheses(path.read_text(encoding="utf-8").splitlines()).items():
@@ -41,12 +46,12 @@ def merge(outputs: Iterable[Path], expected: int) -> list[str]:
             merged[sentence_id] = text
     missing = sorted(set(range(expected)) - merged.keys())
     extra = sorted(merged.keys() - set(range(expected)))
-    if missing or extra:
+    if extra or (missing and not allow_missing):
         raise OutputError(
             f"{len(merged)} translations for {expected} sentences: "
             f"{len(missing)} missing (first ids {missing[:5]}), {len(extra)} unexpected ids"
         )
-    return [merged[i] for i in range(expected)]
+    return [merged.get(i) for i in range(expected)]
 
 
 def speed(text: str) -> tuple[int, float]:
@@ -61,7 +66,7 @@ def main(argv: list[str]) -> None:
     if len(argv) >= 4 and argv[0] == "collect":
         *outputs, hyp_file, expected = argv[1:]
         translations = merge([Path(p) for p in outputs], int(expected))
-        Path(hyp_file).write_text("".join(t + "\n" for t in translations), encoding="utf-8")
+        Path(hyp_file).write_text("".join(f"{t}\n" for t in translations), encoding="utf-8")
         print(f"collect: {len(translations)} translations in input order -> {hyp_file}")
     else:
         sys.exit(__doc__)

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034 # variables here are for the scripts that source this
 # Shared by the pipeline scripts in data/ (sourced, not run).
 #
 # Settings come from a recipe in configs/ (CONFIG=configs/demo.conf by default); the environment

@@ -6,6 +6,7 @@
 #   bash data/prepare.sh --tsv FILE               one "source<TAB>target" pair a line
 #
 # Writes under $WORK: corpus/, split/, spm/, pieces/, bin/ (what fairseq-train reads).
+# shellcheck source=data/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DING=/usr/share/trans/de-en

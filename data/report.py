@@ -12,9 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-_VALID = re.compile(
-    r"epoch (\d+) \| valid on 'valid' subset \| loss ([\d.]+) \| nll_loss ([\d.]+) \| ppl ([\d.]+)"
-)
+_EPOCH = re.compile(r"\| train \| epoch (\d+) \|")
 
 
 def _lines(path: Path) -> int:
@@ -31,30 +29,30 @@ def report(work: Path, src: str, tgt: str, arch: str) -> list[str]:
     ours = json.loads((work / "eval/ours/result.json").read_text())
     theirs = json.loads((work / "eval/fairseq/result.json").read_text())
     seconds = int((work / "checkpoints/train_seconds").read_text())
-    valid = _VALID.findall((work / "logs/train.log").read_text(encoding="utf-8"))
+    epochs = _EPOCH.findall((work / "logs/train.log").read_text(encoding="utf-8"))
     ours_hyps = (work / f"eval/ours/hyps.{tgt}").read_text(encoding="utf-8").splitlines()
     their_hyps = (work / f"eval/fairseq/hyps.{tgt}").read_text(encoding="utf-8").splitlines()
     same = sum(a == b for a, b in zip(ours_hyps, their_hyps, strict=True))
+    their_quality = (
+        f"BLEU {theirs['bleu']}"
+        if not theirs["missing"]
+        else f"returned {theirs['sentences']} of {parts['test']} sentences, no BLEU"
+    )
     if ours["sentences"] != parts["test"]:
         raise SystemExit(f"error: {ours['sentences']} translations for {parts['test']} sentences")
     lines = [
         f"corpus:        {sum(parts.values())} {src}-{tgt} sentence pairs: "
         + ", ".join(f"{part} {n}" for part, n in parts.items()),
-        f"training:      {arch}, {_minutes(seconds)}"
-        + (
-            f", {int(valid[-1][0])} epochs, valid loss {valid[-1][1]} (ppl {valid[-1][3]})"
-            if valid
-            else ""
-        ),
+        f"training:      {arch}, {int(epochs[-1]) if epochs else 0} epochs in {_minutes(seconds)}",
         f"test BLEU:     {ours['bleu']}  ({ours['bleu_line']})",
         f"               sacrebleu signature: {ours['signature']}",
         f"translations:  {ours['sentences']} hypotheses for {parts['test']} test sentences",
         f"our generator:      {ours['sentences_per_s']:8.1f} sentences/s"
         f"  (BLEU {ours['bleu']})",
         f"fairseq generator:  {theirs['sentences_per_s']:8.1f} sentences/s"
-        f"  (BLEU {theirs['bleu']}), same checkpoint and test set",
+        f"  ({their_quality}), same checkpoint and test set",
         f"speed-up:      {ours['sentences_per_s'] / theirs['sentences_per_s']:.2f}x;"
-        f" identical translations: {same} of {len(ours_hyps)}",
+        f" identical translations: {same} of {theirs['sentences']}",
     ]
     return lines
 

@@ -1,10 +1,12 @@
 """Score one fairseq-generate run: translations in input order, BLEU, speed.
 
-  score.py GENERATE_OUT GENERATE_LOG REFERENCE HYP_FILE RESULT_JSON
+  score.py [--partial-ok] GENERATE_OUT GENERATE_LOG REFERENCE HYP_FILE RESULT_JSON
       GENERATE_OUT/_LOG: fairseq-generate's stdout/stderr. REFERENCE is the raw target side of
-      the test set (one sentence a line). Writes the
-      translations to HYP_FILE and {sentences, sentences_per_s, bleu, bleu_line, signature}
-      to RESULT_JSON; prints the BLEU line with sacrebleu's signature.
+      the test set (one sentence a line). Writes the translations to HYP_FILE (line i for
+      sentence i) and {sentences, missing, sentences_per_s, bleu, bleu_line, signature} to
+      RESULT_JSON; prints the BLEU line with sacrebleu's signature. A missing translation is an
+      error, unless --partial-ok (for fairseq's own generator, whose batching can drop the last
+      partial batch): then its line stays empty and there is no BLEU (it would not compare).
 """
 
 from __future__ import annotations
@@ -18,36 +20,48 @@ from sacrebleu.metrics import BLEU
 
 
 def score(
-    generate_out: Path, generate_log: Path, reference: Path, hyp_file: Path
+    generate_out: Path, generate_log: Path, reference: Path, hyp_file: Path, partial_ok: bool
 ) -> dict[str, object]:
     references = reference.read_text(encoding="utf-8").splitlines()
-    translations = merge([generate_out], len(references))
-    hyp_file.write_text("".join(t + "\n" for t in translations), encoding="utf-8")
+    translations = merge([generate_out], len(references), allow_missing=partial_ok)
+    hyp_file.write_text("".join(f"{t or ''}\n" for t in translations), encoding="utf-8")
+    found = [t for t in translations if t is not None]
     # fairseq logs the speed line to stdout or stderr, depending on how logging was set up.
     logged = generate_out.read_text(encoding="utf-8") + generate_log.read_text(encoding="utf-8")
     sentences, per_second = speed(logged)
-    if sentences != len(references):
-        raise OutputError(
-            f"generator reports {sentences} sentences, the test set has {len(references)}"
-        )
-    bleu = BLEU()
-    result = bleu.corpus_score(translations, [references])
-    return {
-        "sentences": len(translations),
+    if sentences != len(found):
+        raise OutputError(f"generator reports {sentences} sentences, its output holds {len(found)}")
+    result = {
+        "sentences": len(found),
+        "missing": len(references) - len(found),
         "sentences_per_s": per_second,
-        "bleu": round(result.score, 2),
-        "bleu_line": str(result),
-        "signature": str(bleu.get_signature()),
+        "bleu": None,
+        "bleu_line": "no BLEU: translations are missing",
+        "signature": "",
     }
+    if not result["missing"]:
+        bleu = BLEU()
+        corpus_score = bleu.corpus_score(found, [references])
+        result.update(
+            bleu=round(corpus_score.score, 2),
+            bleu_line=str(corpus_score),
+            signature=str(bleu.get_signature()),
+        )
+    return result
 
 
 def main(argv: list[str]) -> None:
+    partial_ok = argv[:1] == ["--partial-ok"]
+    argv = argv[partial_ok:]
     if len(argv) != 5:
         sys.exit(__doc__)
-    result = score(*map(Path, argv[:4]))
+    result = score(*map(Path, argv[:4]), partial_ok=partial_ok)
     Path(argv[4]).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"{result['bleu_line']}  (signature {result['signature']})")
-    print(f"{result['sentences']} translations, {result['sentences_per_s']} sentences/s")
+    print(
+        f"{result['sentences']} translations, {result['missing']} missing, "
+        f"{result['sentences_per_s']} sentences/s"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 # SAVE_DIR (default $WORK/checkpoints) and STEP_NAME (default train) let other scripts train
 # beside the main run; DDP_CPU_PROCS=N trains with N CPU processes (see train_ddp_cpu.sh).
 # Raising MAX_EPOCH after a finished run trains on from where it stopped.
+# shellcheck source=data/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 SAVE_DIR="${SAVE_DIR:-$WORK/checkpoints}"
@@ -31,7 +32,6 @@ mkdir -p "$WORK/logs"
 train=(fairseq-train "$WORK/bin" --user-dir "$ROOT/beamplugin" --task beam_translation
   --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" "${TRAIN_ARGS[@]}"
   --max-epoch "$MAX_EPOCH" --save-dir "$SAVE_DIR" --no-epoch-checkpoints
-  --save-interval-updates 50 --keep-interval-updates 1
   --log-format simple --log-interval 10 "$@")
 # The whole output goes to the log; the terminal gets fairseq's progress lines.
 progress() {
@@ -45,9 +45,12 @@ $(tail -n 15 "$WORK/logs/$STEP_NAME.log")"; }
 start=$(date +%s)
 if ((DDP_CPU_PROCS > 1)); then
   # fairseq spawns one process per GPU only, so on CPU we start the ranks ourselves; rank 0
-  # logs and saves checkpoints, the others log warnings to logs/STEP.rankN.log.
+  # logs and saves checkpoints, the others log warnings to logs/STEP.rankN.log. fairseq hands
+  # torch's DistributedDataParallel a GPU device id, so on CPU we take fairseq's own legacy_ddp
+  # wrapper (the same gradient all-reduce, over gloo).
   port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
-  ddp=(--cpu --distributed-backend gloo --distributed-world-size "$DDP_CPU_PROCS"
+  ddp=(--cpu --distributed-backend gloo --ddp-backend legacy_ddp
+    --distributed-world-size "$DDP_CPU_PROCS"
     --distributed-init-method "tcp://127.0.0.1:$port" --distributed-no-spawn)
   log "training with fairseq's distributed data parallel: $DDP_CPU_PROCS CPU processes (gloo)"
   ranks=()
@@ -67,5 +70,5 @@ echo "$seconds" >"$SAVE_DIR/train_seconds"
 
 # fairseq-train exits non-zero when stopped, so reaching this line means it ran to MAX_EPOCH
 # or stopped early by its own rule (--patience).
-[[ -f "$SAVE_DIR/checkpoint_best.pt" ]] || die "fairseq-train saved no checkpoint_best.pt"
+[[ -f "$SAVE_DIR/$EVAL_CHECKPOINT" ]] || die "fairseq-train saved no $EVAL_CHECKPOINT"
 finish_step "$MAX_EPOCH epochs at most, $seconds s of training, checkpoints in $SAVE_DIR"

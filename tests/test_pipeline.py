@@ -2,10 +2,11 @@
 
 A tiny ConvS2S (configs/smoke.conf) learns a word-for-word German-English toy language, so a
 working pipeline must reach a high BLEU; the run is interrupted once during training and must
-resume. Also: bad corpora stop with a clear message, finished steps are skipped, and sharded
-generation puts translations back in input order.
+resume. Also: bad corpora stop with a clear message, finished steps are skipped, sharded
+generation puts translations back in input order, and training runs under fairseq's DDP.
 """
 
+import importlib.util
 import os
 import random
 import re
@@ -13,6 +14,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
@@ -88,15 +91,43 @@ def test_misaligned_and_empty_corpora_stop_with_a_clear_message(tmp_path):
     assert result.returncode != 0 and "missing.de not found" in result.stderr
 
 
+def _load(name: str):
+    # data/ holds scripts, not a package: load a helper module from its file.
+    spec = importlib.util.spec_from_file_location(name, ROOT / "data" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shard_outputs_merge_by_sentence_id_and_gaps_or_repeats_are_caught(tmp_path):
+    gen_output = _load("gen_output")
+    shard0, shard1 = tmp_path / "shard0.out", tmp_path / "shard1.out"
+    shard0.write_text("S-2\tc\nH-2\t-0.1\tC\nD-2\t-0.1\tC .\nD-0\t-0.2\tA .\n")
+    shard1.write_text("D-1\t-0.3\tB .\nD-1\t-0.9\tB2 .\nD-3\t-0.4\t\n")  # nbest 2 for 1
+    assert gen_output.merge([shard1, shard0], 4) == ["A .", "B .", "C .", ""]
+    with pytest.raises(gen_output.OutputError, match="1 missing .first ids \\[4\\]"):
+        gen_output.merge([shard0, shard1], 5)
+    assert gen_output.merge([shard0, shard1], 5, allow_missing=True)[4] is None
+    with pytest.raises(gen_output.OutputError, match="sentence 2 translated twice"):
+        gen_output.merge([shard0, shard0], 4)
+    with pytest.raises(gen_output.OutputError, match="1 unexpected ids"):
+        gen_output.merge([shard0, shard1], 3)
+    closing = "Translated 1,000 sentences (9 tokens) in 2.0s (500.00 sentences/s, 4.5 tokens/s)"
+    assert gen_output.speed("x\n" + closing) == (1000, 500.0)
+
+
 def _bleu(report: str) -> float:
     match = re.search(r"^test BLEU:\s+([\d.]+)", report, re.MULTILINE)
     assert match, report
     return float(match.group(1))
 
 
-def test_demo_pipeline_learns_resumes_skips_and_shards(tmp_path):
-    de, en = toy_corpus(tmp_path)
-    work = tmp_path / "work"
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The demo on the toy corpus, interrupted once in training and run again to the end."""
+    corpus = tmp_path_factory.mktemp("corpus")
+    de, en = toy_corpus(corpus)
+    work = corpus / "work"
     command = ["bash", str(ROOT / "data" / "run_demo.sh"), "--files", str(de), str(en)]
 
     # Interrupt the first run as soon as training has saved a checkpoint.
@@ -117,11 +148,16 @@ def test_demo_pipeline_learns_resumes_skips_and_shards(tmp_path):
                             timeout=600)
     log = second.stdout + second.stderr
     assert second.returncode == 0, log
-    assert "binarize] done already" in log and "resuming from" in log
-    assert re.search(r"[Ll]oaded checkpoint \S*checkpoint_last\.pt \(epoch \d+", log)
+    return {"de": de, "en": en, "work": work, "log": log}
 
-    # One real translation per test sentence, in order, and a BLEU only a model that learnt
-    # the toy language reaches.
+
+def test_interrupted_run_resumes_training_from_its_last_checkpoint(demo):
+    assert "binarize] done already" in demo["log"] and "resuming from" in demo["log"]
+    assert re.search(r"[Ll]oaded checkpoint \S*checkpoint_last\.pt \(epoch \d+", demo["log"])
+
+
+def test_demo_translates_every_test_sentence_and_learns_the_toy_language(demo):
+    log, work = demo["log"], demo["work"]
     hyps = (work / "eval" / "ours" / "hyps.en").read_text().splitlines()
     refs = (work / "split" / "test.en").read_text().splitlines()
     assert len(hyps) == len(refs) == TEST_SIZE
@@ -134,26 +170,43 @@ def test_demo_pipeline_learns_resumes_skips_and_shards(tmp_path):
     samples = (ROOT / "configs" / "demo_sentences.de").read_text().splitlines()
     assert len(re.findall(r"^  -> \S", log, re.MULTILINE)) == len(samples)
 
-    # A finished run skips every step and reports the same result.
-    third = run("run_demo.sh", "--files", de, en, work=work)
-    assert third.returncode == 0, third.stderr
+
+def test_finished_run_skips_every_step_and_work_dir_keeps_its_corpus(demo):
+    again = run("run_demo.sh", "--files", demo["de"], demo["en"], work=demo["work"])
+    assert again.returncode == 0, again.stderr
     for step in ("corpus", "split", "sentencepiece", "encode", "binarize", "train",
                  "evaluate-ours", "evaluate-fairseq"):
-        assert f"{step}] done already" in third.stdout
-    assert _bleu(third.stdout) == _bleu(log)
+        assert f"{step}] done already" in again.stdout
+    assert _bleu(again.stdout) == _bleu(demo["log"])
 
-    # The same work directory refuses a different corpus.
-    other = run("prepare.sh", "--files", en, de, work=work)
+    other = run("prepare.sh", "--files", demo["en"], demo["de"], work=demo["work"])
     assert other.returncode != 0 and "Use another work directory" in other.stderr
 
-    # Sharded generation (3 shards at once) puts translations back in input order: the same
-    # lines as one unsharded run with the same batches, and every shard did part of the work.
-    batches = ("test", "--batch-size", "8")
-    whole = run("generate_sharded.sh", 1, *batches, work=work)
-    sharded = run("generate_sharded.sh", 3, *batches, work=work, JOBS="3")
-    assert whole.returncode == 0 and sharded.returncode == 0, whole.stderr + sharded.stderr
+
+def test_sharded_generation_puts_translations_back_in_input_order(demo):
+    # Same batches as the unsharded evaluation (the smoke recipe's --batch-size 16: 3 batches),
+    # so the merged lines must equal its lines, and each of the 3 shards gets one batch.
+    work = demo["work"]
+    sharded = run("generate_sharded.sh", 3, work=work, JOBS="3")
+    assert sharded.returncode == 0, sharded.stderr
     merged = (work / "sharded" / "test-3" / "hyps.en").read_text().splitlines()
-    assert merged == (work / "sharded" / "test-1" / "hyps.en").read_text().splitlines()
-    assert len(merged) == TEST_SIZE
+    assert merged == (work / "eval" / "ours" / "hyps.en").read_text().splitlines()
     for shard in range(3):
-        assert (work / "sharded" / "test-3" / f"shard{shard}.out").read_text().count("\nD-") > 3
+        out = (work / "sharded" / "test-3" / f"shard{shard}.out").read_text()
+        assert 0 < out.count("D-") < TEST_SIZE
+
+
+def _updates_in_epoch_1(log: str) -> int:
+    return int(re.search(r"\| train \| epoch 001 \|.*?\| num_updates (\d+)", log).group(1))
+
+
+def test_training_runs_under_distributed_data_parallel_on_two_cpu_processes(demo):
+    work = demo["work"]
+    result = run("train_ddp_cpu.sh", work=work, MAX_EPOCH="1")
+    assert result.returncode == 0, result.stderr
+    assert "as rank 1" in (work / "logs" / "train-ddp.rank1.log").read_text()
+    assert (work / "checkpoints-ddp" / "checkpoint_best.pt").is_file()
+    # Each update takes one batch per process: half the updates of one process.
+    single = _updates_in_epoch_1((work / "logs" / "train.log").read_text())
+    ddp = _updates_in_epoch_1((work / "logs" / "train-ddp.log").read_text())
+    assert ddp == (single + 1) // 2
