@@ -391,8 +391,9 @@ class _Search:
                 if attn is not None:
                     self.attention = attn.new_empty(n * beam, 0, attn.size(1))
             lprobs = self.mask(lprobs, step)
-            in_beam = self.scores.size(1)
-            res = beam_step(lprobs.view(n, beam, -1)[:, :in_beam], self.scores, beam, gen.eos)
+            # first step: only beam 0 is live (all beams are still the same hypothesis)
+            live_lprobs = lprobs.view(n, beam, -1)[:, : self.scores.size(1)]
+            res = beam_step(live_lprobs, self.scores, beam, gen.eos)
             # The one host synchronisation of a step: did anything finish (or go NaN)?
             # A NaN log-prob would rank first (topk puts NaN on top), so the best is checked.
             flag = res.finalize.any() | res.cand_scores[:, 0].isnan().any()
@@ -404,9 +405,7 @@ class _Search:
                 if res.cand_scores[:, 0].isnan().any():
                     # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
                     lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-                    res = beam_step(
-                        lprobs.view(n, beam, -1)[:, :in_beam], self.scores, beam, gen.eos
-                    )
+                    res = beam_step(live_lprobs, self.scores, beam, gen.eos)
                 done = self.finish(step, res, lprobs, attn)
                 if step == self.max_len or all(done):
                     break

@@ -48,12 +48,12 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
     # An EOS with score -inf (masked EOS) is an ordinary dead candidate, as in fairseq.
     is_eos = cand_tokens.eq(eos) & cand_scores.ne(-math.inf)
     # Stable sort moves the non-EOS candidates first while keeping their rank order.
-    sorted_eos, order = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True)
+    sorted_eos, order = torch.sort(is_eos, dim=1, stable=True)
     order = order[:, :beam_size]
     alive_scores = cand_scores.gather(1, order)
     if k - in_beam < beam_size:
         # Fewer than beam non-EOS candidates are possible (tiny vocabulary): such slots are dead.
-        alive_scores.masked_fill_(sorted_eos[:, :beam_size].bool(), -math.inf)
+        alive_scores.masked_fill_(sorted_eos[:, :beam_size], -math.inf)
     return BeamStep(
         cand_scores=cand_scores,
         cand_tokens=cand_tokens,
