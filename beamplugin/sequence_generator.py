@@ -340,7 +340,6 @@ class _Search:
         bsz = src_tokens.size(0)
         device = src_tokens.device
         self.device = device
-        self.sample = sample
         self.net_input = sample["net_input"]
         self.bsz = bsz
         # Original index of each live sentence (host side) and per-sentence tensors to shrink.
@@ -385,7 +384,7 @@ class _Search:
         for step in range(self.max_len + 1):
             lprobs, attn = model.decode_step(self.tokens, encoder_outs, states, gen.temperature)
             n = len(self.live)
-            if self.scores is None:  # first step: all beams equal, only beam 0 is live
+            if self.scores is None:  # first step
                 self.scores = lprobs.new_zeros(n, 1)
                 self.cumulative = lprobs.new_empty(n * beam, 0)
                 if attn is not None:
