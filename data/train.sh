@@ -40,18 +40,20 @@ progress() {
       true
   }
 }
-failed() { die "fairseq-train stopped; the end of $WORK/logs/$STEP_NAME.log:
-$(tail -n 15 "$WORK/logs/$STEP_NAME.log")"; }
 start=$(date +%s)
+status=0
 if ((DDP_CPU_PROCS > 1)); then
   # fairseq spawns one process per GPU only, so on CPU we start the ranks ourselves; rank 0
   # logs and saves checkpoints, the others log warnings to logs/STEP.rankN.log. fairseq hands
   # torch's DistributedDataParallel a GPU device id, so on CPU we take fairseq's own legacy_ddp
-  # wrapper (the same gradient all-reduce, over gloo).
+  # wrapper (the same gradient all-reduce, over gloo). On resuming, each rank reads the
+  # checkpoint file itself: fairseq's default broadcasts rank 0's loaded state with a plain
+  # torch.load, whose weights_only unpickler refuses the omegaconf config inside.
   port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
   ddp=(--cpu --distributed-backend gloo --ddp-backend legacy_ddp
     --distributed-world-size "$DDP_CPU_PROCS"
-    --distributed-init-method "tcp://127.0.0.1:$port" --distributed-no-spawn)
+    --distributed-init-method "tcp://127.0.0.1:$port" --distributed-no-spawn
+    --load-checkpoint-on-all-dp-ranks)
   log "training with fairseq's distributed data parallel: $DDP_CPU_PROCS CPU processes (gloo)"
   ranks=()
   for ((rank = 1; rank < DDP_CPU_PROCS; rank++)); do
@@ -59,16 +61,20 @@ if ((DDP_CPU_PROCS > 1)); then
       >"$WORK/logs/$STEP_NAME.rank$rank.log" 2>&1 &
     ranks+=($!)
   done
-  OMP_NUM_THREADS=1 "${train[@]}" "${ddp[@]}" --distributed-rank 0 2>&1 | progress || failed
-  for pid in "${ranks[@]}"; do wait "$pid" || die "a training rank failed; see $WORK/logs"; done
+  OMP_NUM_THREADS=1 "${train[@]}" "${ddp[@]}" --distributed-rank 0 2>&1 | progress ||
+    { status=$?; kill "${ranks[@]}" 2>/dev/null || true; }
+  for pid in "${ranks[@]}"; do wait "$pid" || status=$((status ? status : 1)); done
 else
-  "${train[@]}" 2>&1 | progress || failed
+  "${train[@]}" 2>&1 | progress || status=$?
 fi
 # Training time adds up over resumed runs.
 seconds=$(( $(cat "$SAVE_DIR/train_seconds" 2>/dev/null || echo 0) + $(date +%s) - start ))
 echo "$seconds" >"$SAVE_DIR/train_seconds"
 
-# fairseq-train exits non-zero when stopped, so reaching this line means it ran to MAX_EPOCH
-# or stopped early by its own rule (--patience).
+# fairseq-train exits non-zero when stopped, so a zero status means it ran to MAX_EPOCH or
+# stopped early by its own rule (--patience).
+((status == 0)) || die "fairseq-train stopped (status $status); run again to resume. The end \
+of $WORK/logs/$STEP_NAME.log:
+$(tail -n 15 "$WORK/logs/$STEP_NAME.log")"
 [[ -f "$SAVE_DIR/$EVAL_CHECKPOINT" ]] || die "fairseq-train saved no $EVAL_CHECKPOINT"
 finish_step "$MAX_EPOCH epochs at most, $seconds s of training, checkpoints in $SAVE_DIR"

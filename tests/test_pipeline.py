@@ -210,3 +210,10 @@ def test_training_runs_under_distributed_data_parallel_on_two_cpu_processes(demo
     single = _updates_in_epoch_1((work / "logs" / "train.log").read_text())
     ddp = _updates_in_epoch_1((work / "logs" / "train-ddp.log").read_text())
     assert ddp == (single + 1) // 2
+    # Both ranks resume from the checkpoint for a second epoch.
+    resumed = run("train_ddp_cpu.sh", work=work, MAX_EPOCH="2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "going on to 2" in resumed.stdout
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ ", resumed.stdout)
+    assert re.search(r"\| train \| epoch 002 \|.*\| num_updates " + str(2 * ddp) + " ",
+                     resumed.stdout)
