@@ -104,3 +104,18 @@ def test_bad_lines_get_a_clear_error_or_are_listed_never_silently_lost(trained):
     assert _hypothesis_ids(skipped.stdout) == [0, 2, 3]
     assert "leaving out 1 over-long sentence(s)" in skipped.stderr
     assert re.search(r"ids: 1$", skipped.stderr, flags=re.M)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [(["--beam", "4", "--nbest", "5"], "nbest must be between"), (["--beam", "0"], "beam")],
+)
+def test_bad_generation_options_fail_naming_the_option(trained, options, message):
+    data, ckpt = trained
+    out = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--path", str(ckpt), "--cpu", "--batch-size", "8", *options, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert re.search(rf"Error: .*{message}", out.stderr), out.stderr[-1500:]
+    assert "H-" not in out.stdout

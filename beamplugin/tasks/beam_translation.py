@@ -121,6 +121,7 @@ class BeamTranslationTask(TranslationTask):
             stopping=str(self.cfg.search_stop),
             length_penalty_style=str(self.cfg.lenpen_style),
             print_alignment=getattr(args, "print_alignment", None),
+            nbest=getattr(args, "nbest", None),
         )
         return super().build_generator(
             models, args, seq_gen_cls=SequenceGenerator, extra_gen_cls_kwargs=kwargs
