@@ -30,7 +30,6 @@ from torch import Tensor, nn
 from beamplugin.modules import (
     CausalConvolution,
     ConvAttention,
-    EncoderMemory,
     LearnedPositions,
     TBCConvolution,
     WeightNormLinear,
@@ -143,14 +142,21 @@ class ConvS2SEncoder(FairseqEncoder):
         # every attention layer sends gradient into x; keep the encoder's share constant
         x = GradMultiply.apply(x, 1.0 / (2.0 * self.num_attention_layers))
         y = (x + input_embedding) * SQRT_HALF
-        return {"encoder_out": (x, y), "encoder_padding_mask": padding_mask}
+        out = {"encoder_out": (x, y), "encoder_padding_mask": padding_mask}
+        # Prepared here, once per sentence, so that decoding never rebuilds or reorders it per
+        # step: beams of a sentence share it, and it only follows reorder_encoder_out.
+        out["attention_memory"] = encoder_memory(out)
+        return out
 
     def reorder_encoder_out(self, encoder_out: dict[str, Any], new_order: Tensor) -> dict[str, Any]:
         """The rows of ``new_order`` (a permutation, repetition or subset of the batch)."""
-        mask = encoder_out["encoder_padding_mask"]
+        def select(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.index_select(0, new_order)
+
         return {
-            "encoder_out": tuple(t.index_select(0, new_order) for t in encoder_out["encoder_out"]),
-            "encoder_padding_mask": None if mask is None else mask.index_select(0, new_order),
+            "encoder_out": tuple(select(t) for t in encoder_out["encoder_out"]),
+            "encoder_padding_mask": select(encoder_out["encoder_padding_mask"]),
+            "attention_memory": {k: select(t) for k, t in encoder_out["attention_memory"].items()},
         }
 
     def max_positions(self) -> int:
@@ -218,7 +224,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     ) -> tuple[Tensor, Tensor | None]:
         if encoder_out is None:
             raise ValueError("the convs2s decoder attends over the encoder: encoder_out is None")
-        memory = self._encoder_memory(encoder_out, incremental_state)
+        memory = encoder_out["attention_memory"]
         incremental = incremental_state is not None
         if incremental:
             tokens = prev_output_tokens[:, -1:]
@@ -257,33 +263,14 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         x = self.fc3(self.dropout_module(x))
         return x, avg_attn
 
-    def _encoder_memory(
-        self, encoder_out: dict[str, Any], incremental_state: IncrementalState | None
-    ) -> EncoderMemory:
-        """Prepared once per sentence when decoding incrementally (it is in the incremental state
-        so that reordering keeps it aligned with the rows)."""
-        if incremental_state is None:
-            return encoder_memory(encoder_out)
-        memory = self.get_incremental_state(incremental_state, "encoder_memory")
-        if memory is None:
-            memory = encoder_memory(encoder_out)
-            self.set_incremental_state(incremental_state, "encoder_memory", memory)
-        return memory
-
     def reorder_incremental_state(
         self, incremental_state: IncrementalState, new_order: Tensor
     ) -> None:
-        """Keep the rows of ``new_order``: every convolution's input_buffer and the cached
-        encoder memory. ``new_order`` may permute, repeat or drop rows."""
+        """Keep the rows of ``new_order`` in every convolution's input_buffer. ``new_order`` may
+        permute, repeat or drop rows. The encoder memory is not state: it lives in encoder_out,
+        which the generator reorders (only when sentences leave the batch, in ours)."""
         for conv in self.convolutions:
             conv.reorder_buffer(incremental_state, new_order)
-        memory = self.get_incremental_state(incremental_state, "encoder_memory")
-        if memory is not None:
-            memory = {
-                name: None if t is None else t.index_select(0, new_order)
-                for name, t in memory.items()
-            }
-            self.set_incremental_state(incremental_state, "encoder_memory", memory)
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
