@@ -9,6 +9,7 @@ from argparse import Namespace
 import pytest
 import torch
 from fairseq.data import Dictionary
+from fairseq.optim.nag import NAG
 
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import parse_attention_spec, parse_layer_spec
@@ -122,7 +123,8 @@ def test_reorder_that_permutes_repeats_and_drops_rows(toy_dictionary, spec):
             done = step
 
 
-def test_decoding_follows_weight_changes(toy_dictionary):
+@pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, NAG])
+def test_decoding_follows_weight_changes(toy_dictionary, optimizer_class):
     model = build_model(toy_dictionary, *LAYER_SPECS[2]).eval()
     src = source_batch(toy_dictionary, [SRC_LEN, 5])
     prev = target_prefixes(toy_dictionary, 2, TGT_LEN)
@@ -139,7 +141,8 @@ def test_decoding_follows_weight_changes(toy_dictionary):
 
     before = incremental_logits(model)  # fills the folded-weight caches
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    # fairseq's NAG writes through p.data, which bumps no version counter (as fairseq's Adam)
+    optimizer = optimizer_class(model.parameters(), lr=0.5)
     logits, _ = model(src, None, prev)
     logits.logsumexp(-1).sum().backward()
     optimizer.step()

@@ -16,8 +16,10 @@ class FoldedWeightNorm(nn.Module):
     The parameters carry the names torch.nn.utils.weight_norm gives them (``weight_g``,
     ``weight_v``) so fairseq fconv checkpoints load unchanged. While autograd records, ``weight``
     is recomputed on every access so gradients reach g and v. Without autograd (decoding,
-    validation) it is folded once and reused until g or v change: an optimizer step or a state
-    dict load bumps their version counters, a device or dtype move goes through ``_apply``.
+    validation) it is folded once and reused until g or v change: a state dict load or a torch
+    optimizer step bumps their version counters, a device or dtype move goes through
+    ``_apply``, and fairseq's optimizers, which write through ``p.data`` and bump nothing, run
+    between ``train()`` and ``eval()``, which both drop the cache.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor, norm_dim: int) -> None:
@@ -53,6 +55,10 @@ class FoldedWeightNorm(nn.Module):
             self._cache = {"weight": torch._weight_norm(v, g, self.norm_dim)}
             self._cache_key = key
         return self._cache
+
+    def train(self, mode: bool = True) -> FoldedWeightNorm:
+        self._cache, self._cache_key = {}, None  # training may change g and v behind our back
+        return super().train(mode)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001  (torch's private signature)
         self._cache, self._cache_key = {}, None  # parameters are being moved or cast
