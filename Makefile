@@ -1,10 +1,11 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
 # Each creates and fills .venv when it is missing or out of date with setup.py.
+# Another corpus: make demo ARGS="--files corpus.de corpus.en" (or ARGS="--tsv pairs.tsv").
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench
+.PHONY: demo test bench
 
 $(BIN)/.installed: setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -12,11 +13,11 @@ $(BIN)/.installed: setup.py
 	touch $@
 
 demo: $(BIN)/.installed
-	PATH=$(CURDIR)/$(BIN):$$PATH bash data/run_demo.sh
+	PATH=$(CURDIR)/$(BIN):$$PATH bash data/run_demo.sh $(ARGS)
 
 test: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
 bench: $(BIN)/.installed
-	$(BIN)/python scripts/bench_generate.py
+	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
