@@ -49,8 +49,6 @@ def check_checkpoint(path: str | os.PathLike) -> None:
     """
     try:
         found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except FileNotFoundError:
-        raise
     except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError) as err:
         raise UnsafeCheckpointError(
             f"{path}: not a readable PyTorch checkpoint (corrupt or truncated?): {err}"
