@@ -13,6 +13,7 @@ from fairseq.optim.nag import NAG
 
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import parse_attention_spec, parse_layer_spec
+from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, uses_onednn
 
 # (encoder layers, decoder layers, decoder attention): widths 1..5, channel changes (residual
 # projections), residual distances 0 and 2, layers without attention.
@@ -26,13 +27,18 @@ SRC_LEN, TGT_LEN = 7, 9
 
 
 def build_model(
-    dictionary: Dictionary, encoder_layers: str, decoder_layers: str, attention: str, seed: int = 0
+    dictionary: Dictionary,
+    encoder_layers: str,
+    decoder_layers: str,
+    attention: str,
+    seed: int = 0,
+    out_embed_dim: int = 10,
 ) -> ConvS2SModel:
     torch.manual_seed(seed)
     args = Namespace(
         encoder_embed_dim=12,
         decoder_embed_dim=12,
-        decoder_out_embed_dim=10,
+        decoder_out_embed_dim=out_embed_dim,
         encoder_layers=encoder_layers,
         decoder_layers=decoder_layers,
         decoder_attention=attention,
@@ -91,6 +97,22 @@ def test_incremental_equals_full_forward(toy_dictionary, spec, dtype):
     assert_close(attn, full_attn, TOLERANCE[dtype])
     # attention never lands on source padding
     assert attn[1, :, : SRC_LEN - 4].abs().max().item() == 0.0
+
+
+def test_incremental_equals_full_forward_with_the_onednn_output_projection():
+    dictionary = Dictionary()
+    for index in range(ONEDNN_MIN_WEIGHTS // 64):
+        dictionary.add_symbol(f"word{index}")
+    model = build_model(dictionary, *LAYER_SPECS[2], out_embed_dim=64).eval()
+    src = source_batch(dictionary, [SRC_LEN, 4, 6])
+    prev = target_prefixes(dictionary, 3, TGT_LEN)
+    with torch.no_grad():
+        assert uses_onednn(prev.float(), model.decoder.fc3.weight)
+        full_logits, _ = model(src, None, prev)
+        logits, _ = decode_steps(model, prev, model.encoder(src), {}, 1, TGT_LEN)
+    assert_close(logits, full_logits, 1e-5)
+    with torch.enable_grad():  # training computes the same logits with F.linear
+        assert_close(model(src, None, prev)[0].detach(), full_logits, 1e-5)
 
 
 @pytest.mark.parametrize("spec", LAYER_SPECS)

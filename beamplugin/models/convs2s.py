@@ -31,6 +31,7 @@ from beamplugin.modules import (
     CausalConvolution,
     ConvAttention,
     LearnedPositions,
+    Linear,
     TBCConvolution,
     WeightNormLinear,
     encoder_memory,
@@ -210,7 +211,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
                     "--share-input-output-embed needs --decoder-out-embed-dim "
                     f"({out_embed_dim}) equal to --decoder-embed-dim ({embed_dim})"
                 )
-            self.fc3 = nn.Linear(out_embed_dim, len(dictionary))
+            self.fc3 = Linear(out_embed_dim, len(dictionary))
             self.fc3.weight = self.embed_tokens.weight
         else:
             self.fc3 = WeightNormLinear(out_embed_dim, len(dictionary), dropout=dropout)

@@ -3,6 +3,7 @@
 from beamplugin.modules.attention import ConvAttention, EncoderMemory, encoder_memory
 from beamplugin.modules.convolution import CausalConvolution, TBCConvolution
 from beamplugin.modules.layer_spec import parse_attention_spec, parse_layer_spec
+from beamplugin.modules.linear import Linear
 from beamplugin.modules.positions import LearnedPositions
 from beamplugin.modules.weight_norm import FoldedWeightNorm, WeightNormLinear
 
@@ -12,6 +13,7 @@ __all__ = [
     "EncoderMemory",
     "FoldedWeightNorm",
     "LearnedPositions",
+    "Linear",
     "TBCConvolution",
     "WeightNormLinear",
     "encoder_memory",

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import FairseqIncrementalState
 from torch import Tensor, nn
 
+from beamplugin.modules.linear import linear
 from beamplugin.modules.weight_norm import FoldedWeightNorm
 
 IncrementalState = dict[str, dict[str, Tensor | None]]
@@ -71,7 +71,7 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
             x = torch.cat((buffer[:, 1:], x), dim=1)
             self.set_incremental_state(incremental_state, "input_buffer", x)
         weight = self.derived_weight("linearized", self._linearize)
-        return F.linear(x.view(bsz, -1), weight, self.bias).view(bsz, 1, -1)
+        return linear(x.view(bsz, -1), weight, self.bias).view(bsz, 1, -1)
 
     def _linearize(self, weight: Tensor) -> Tensor:
         return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)

@@ -6,8 +6,9 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from beamplugin.modules.linear import linear
 
 
 class FoldedWeightNorm(nn.Module):
@@ -76,7 +77,7 @@ class WeightNormLinear(FoldedWeightNorm):
         self.out_features = out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

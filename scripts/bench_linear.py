@@ -1,0 +1,74 @@
+"""Time F.linear (MKL on CPU) against oneDNN's matmul for the decoder's product shapes.
+
+Backs the choice in beamplugin/modules/linear.py. Runs interleaved rounds and prints the median
+microseconds per product and the ratio; "cold" first streams 64 MiB through the caches, as a
+decoder step does between two uses of the same weight.
+
+    python scripts/bench_linear.py --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from beamplugin.modules import linear as linear_module
+
+SHAPES = [(8000, 256), (32000, 512), (512, 768), (256, 256)]  # (out, in) features
+ROWS = [1, 5, 40, 320]
+
+
+def timed(product: Callable[[], torch.Tensor], flush: torch.Tensor | None, n: int) -> float:
+    total = 0.0
+    for _ in range(n):
+        if flush is not None:
+            flush.add_(1.0)
+        start = time.perf_counter()
+        product()
+        total += time.perf_counter() - start
+    return total / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=40, help="products timed per round")
+    args = parser.parse_args()
+    onednn = linear_module._onednn_linear
+    if onednn is None:
+        raise SystemExit("this torch build has no oneDNN linear")
+    torch.set_num_threads(args.threads)
+    flush = torch.zeros(64 * 1024 * 1024 // 4)
+    print(f"# torch {torch.__version__}, {args.threads} threads; median us per product")
+    print(f"{'out x in':>12} {'rows':>5} {'cache':>5} {'F.linear':>9} {'oneDNN':>9} {'ratio':>6}")
+    with torch.no_grad():
+        for out_features, in_features in SHAPES:
+            weight = torch.randn(out_features, in_features) / in_features**0.5
+            bias = torch.randn(out_features)
+            for rows in ROWS:
+                x = torch.randn(rows, in_features)
+                products = {
+                    "mkl": lambda x=x, w=weight, b=bias: F.linear(x, w, b),
+                    "onednn": lambda x=x, w=weight, b=bias: onednn(x, w, b, "none", [], ""),
+                }
+                for cache, flushing in (("hot", None), ("cold", flush)):
+                    times: dict[str, list[float]] = {name: [] for name in products}
+                    for _ in range(args.rounds):
+                        for name, product in products.items():
+                            product()  # warm-up (and oneDNN's primitive cache)
+                            times[name].append(timed(product, flushing, args.calls))
+                    mkl, dnn = (statistics.median(times[name]) for name in products)
+                    print(
+                        f"{out_features:>6} x {in_features:<4} {rows:>5} {cache:>5} "
+                        f"{mkl:9.0f} {dnn:9.0f} {mkl / dnn:6.2f}"
+                    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The model's products: oneDNN for large float32 weights on CPU without autograd, F.linear
+otherwise, and the same results up to rounding."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from beamplugin.modules import linear as linear_module
+from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, Linear, linear, uses_onednn
+
+needs_onednn = pytest.mark.skipif(
+    linear_module._onednn_linear is None, reason="this torch build has no oneDNN"
+)
+
+
+def large_weight() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    out_features = ONEDNN_MIN_WEIGHTS // 256 + 8
+    return torch.randn(out_features, 256) * 0.1, torch.randn(out_features)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 5, 37, 320])
+def test_onednn_product_equals_f_linear_up_to_rounding(rows):
+    weight, bias = large_weight()
+    x = torch.randn(rows, 1, 256)
+    with torch.no_grad():
+        assert uses_onednn(x, weight)
+        out = linear(x, weight, bias)
+    expected = F.linear(x.double(), weight.double(), bias.double())
+    assert out.shape == (rows, 1, weight.size(0)) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_f_linear_where_onednn_does_not_pay_or_cannot_serve():
+    weight, _ = large_weight()
+    x = torch.randn(3, 256)
+    small = torch.randn(512, 256)
+    with torch.no_grad():
+        assert not uses_onednn(x, small)  # small weight: MKL is as fast
+        assert not uses_onednn(x.double(), weight.double())
+    assert not uses_onednn(x, weight)  # autograd records: oneDNN has no backward
+
+
+def test_gradients_flow_through_the_training_path():
+    layer = Linear(256, ONEDNN_MIN_WEIGHTS // 256 + 8)
+    x = torch.randn(4, 256, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
