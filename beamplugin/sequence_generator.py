@@ -45,6 +45,13 @@ class EnsembleDecoder(nn.Module):
                     f"SequenceGenerator needs encoder-decoder models, got {type(model).__name__}"
                 )
         self.incremental = all(isinstance(m.decoder, FairseqIncrementalDecoder) for m in models)
+        # Decoders that read one encoder_out row per sentence whatever their rows per sentence
+        # (beamplugin's convs2s); the others get a copy per decoder row, as in fairseq, and may
+        # assume beam rows per sentence (fconv's BeamableMM does).
+        self.per_sentence = [
+            getattr(m.decoder, "reads_encoder_out_per_sentence", False) for m in models
+        ]
+        self.any_rows_per_sentence = all(self.per_sentence)
 
     def max_decoder_positions(self) -> int:
         return min(m.max_decoder_positions() for m in self.models)
@@ -52,10 +59,17 @@ class EnsembleDecoder(nn.Module):
     def encode(self, net_input: dict[str, Tensor]) -> list[Any]:
         return [model.encoder.forward_torchscript(net_input) for model in self.models]
 
-    def reorder_encoder_out(self, encoder_outs: list[Any], order: Tensor) -> list[Any]:
+    def select_sentences(
+        self, encoder_outs: list[Any], sentences: Tensor, rows_before: int, rows_after: int
+    ) -> list[Any]:
+        """The encoder outputs of ``sentences`` (indices into the current ones), laid out for
+        ``rows_after`` decoder rows per sentence; the current ones serve ``rows_before``."""
+        copies = (sentences * rows_before).repeat_interleave(rows_after)
         return [
-            model.encoder.reorder_encoder_out(out, order)
-            for model, out in zip(self.models, encoder_outs, strict=True)
+            model.encoder.reorder_encoder_out(out, sentences if per_sentence else copies)
+            for model, out, per_sentence in zip(
+                self.models, encoder_outs, self.per_sentence, strict=True
+            )
         ]
 
     def reorderers(self) -> list[list[nn.Module]]:
@@ -341,22 +355,28 @@ class _Search:
         device = src_tokens.device
         self.device = device
         self.net_input = sample["net_input"]
-        self.bsz = bsz
         # Original index of each live sentence (host side) and per-sentence tensors to shrink.
         self.live: list[int] = list(range(bsz))
         self.src_lengths = src_lengths
         self.prefix_tokens = prefix_tokens
         self.finalized: list[list[Hypothesis]] = [[] for _ in range(bsz)]
-        rows = bsz * self.beam
+        # Decoder rows are sentence-major: [live sentences x rows per sentence]. At the first
+        # step a sentence has one hypothesis, so models that allow it decode one row per
+        # sentence; the others decode beam identical rows, as in fairseq. From the second step
+        # on, a row per hypothesis: beam per sentence.
+        self.rows_per_sentence = 1 if gen.model.any_rows_per_sentence else self.beam
         self.tokens = torch.full(
-            (rows, 1), gen.eos if bos_token is None else bos_token, dtype=torch.long, device=device
+            (bsz * self.rows_per_sentence, 1),
+            gen.eos if bos_token is None else bos_token,
+            dtype=torch.long,
+            device=device,
         )
         self.cumulative: Tensor | None = None  # [rows, steps] cumulative score history
         self.attention: Tensor | None = None  # [rows, steps, src_len] attention history
-        self.scores: Tensor | None = None  # [live, beam] cumulative scores of live hypotheses
+        self.scores: Tensor | None = None  # [live, hypotheses] cumulative scores
         # Exact stopping: worst finished score of full sentences (-inf while not full).
         self.worst = torch.full((bsz,), -math.inf, device=device)
-        self._offsets: dict[int, Tensor] = {}
+        self._offsets: dict[tuple[int, int], Tensor] = {}
         self.masked_prefix_step = torch.tensor(gen._masked_prefix_step, device=device)
         self.masked_free_step = torch.tensor(gen._masked_free_step, device=device)
         self.masked_short_step = torch.tensor(gen._masked_short_step, device=device)
@@ -365,33 +385,34 @@ class _Search:
             self.min_lens = min_a * src_lengths + min_b
             self.max_lens = max_a * src_lengths + max_b
 
-    def offsets(self, n: int) -> Tensor:
-        """``[n, 1]`` first row of each live sentence."""
-        if n not in self._offsets:
-            self._offsets[n] = (torch.arange(n, device=self.device) * self.beam).unsqueeze(1)
-        return self._offsets[n]
+    def offsets(self, n: int, rows_per_sentence: int) -> Tensor:
+        """``[n, 1]`` first row of each of ``n`` live sentences."""
+        key = (n, rows_per_sentence)
+        if key not in self._offsets:
+            first = torch.arange(n, device=self.device) * rows_per_sentence
+            self._offsets[key] = first.unsqueeze(1)
+        return self._offsets[key]
 
     def run(self) -> list[list[Hypothesis]]:
         gen, beam = self.gen, self.beam
         model = gen.model
-        encoder_outs = model.encode(self.net_input)
-        # Every beam of a sentence reads the same encoder rows: expand once, then index only
-        # when sentences leave.
-        expand = torch.arange(self.bsz, device=self.device).repeat_interleave(beam)
-        encoder_outs = model.reorder_encoder_out(encoder_outs, expand)
+        encoder_outs = model.encode(self.net_input)  # one row per sentence
+        if self.rows_per_sentence > 1:
+            sentences = torch.arange(len(self.live), device=self.device)
+            encoder_outs = model.select_sentences(encoder_outs, sentences, 1, beam)
         states: list[dict] = [{} for _ in model.models]
         self.reorderers = model.reorderers()
         for step in range(self.max_len + 1):
             lprobs, attn = model.decode_step(self.tokens, encoder_outs, states, gen.temperature)
-            n = len(self.live)
-            if self.scores is None:  # first step
+            n, rows_per_sentence = len(self.live), self.rows_per_sentence
+            if self.scores is None:  # first step: one hypothesis per sentence
                 self.scores = lprobs.new_zeros(n, 1)
-                self.cumulative = lprobs.new_empty(n * beam, 0)
+                self.cumulative = lprobs.new_empty(lprobs.size(0), 0)
                 if attn is not None:
-                    self.attention = attn.new_empty(n * beam, 0, attn.size(1))
+                    self.attention = attn.new_empty(attn.size(0), 0, attn.size(1))
             lprobs = self.mask(lprobs, step)
-            # first step: only beam 0 is live (all beams are still the same hypothesis)
-            live_lprobs = lprobs.view(n, beam, -1)[:, : self.scores.size(1)]
+            # the first row of a sentence for each hypothesis (more are copies at step 0)
+            live_lprobs = lprobs.view(n, rows_per_sentence, -1)[:, : self.scores.size(1)]
             res = beam_step(live_lprobs, self.scores, beam, gen.eos)
             # The one host synchronisation of a step: did anything finish (or go NaN)?
             # A NaN log-prob would rank first (topk puts NaN on top), so the best is checked.
@@ -413,9 +434,11 @@ class _Search:
                     keep = torch.tensor(keep_list, device=self.device)
                     self.live = [self.live[i] for i in keep_list]
             self.advance(res, attn, keep, states)
-            if keep is not None:
-                rows = self.offsets(n)[keep] + torch.arange(beam, device=self.device)
-                encoder_outs = model.reorder_encoder_out(encoder_outs, rows.view(-1))
+            if keep is not None or rows_per_sentence != beam:
+                sentences = torch.arange(n, device=self.device) if keep is None else keep
+                encoder_outs = model.select_sentences(
+                    encoder_outs, sentences, rows_per_sentence, beam
+                )
         return self.finalized
 
     def mask(self, lprobs: Tensor, step: int) -> Tensor:
@@ -448,14 +471,15 @@ class _Search:
         if gen.no_repeat_ngram_size > 0:
             block_repeated_ngrams(self.tokens, lprobs, gen.no_repeat_ngram_size)
         if gen.length_constraints is not None:
-            eos_lprobs = lprobs.view(len(self.live), self.beam, -1)[:, :, gen.eos]
+            eos_lprobs = lprobs.view(len(self.live), self.rows_per_sentence, -1)[:, :, gen.eos]
             eos_lprobs.masked_fill_((step < self.min_lens).unsqueeze(1), -math.inf)
             eos_lprobs.masked_fill_((step >= self.max_lens).unsqueeze(1), 0.0)
         return lprobs
 
     def force_prefix(self, lprobs: Tensor, step: int) -> Tensor:
         """Keep only the prefix token where one is given (pad = free choice at this step)."""
-        forced = self.prefix_tokens[:, step].repeat_interleave(self.beam).unsqueeze(1)
+        per_sentence = self.rows_per_sentence
+        forced = self.prefix_tokens[:, step].repeat_interleave(per_sentence).unsqueeze(1)
         only_forced = torch.full_like(lprobs, -math.inf).scatter_(
             1, forced, lprobs.gather(1, forced)
         )
@@ -465,13 +489,13 @@ class _Search:
             # A prefix that ends here: all beams become copies of beam 0 (the only one that
             # followed the prefix), as in fairseq; attention stays per row as fairseq's does.
             rows = torch.arange(lprobs.size(0), device=lprobs.device)
-            first = rows - rows % self.beam
+            first = rows - rows % per_sentence
             source = torch.where(ends, first, rows)
             lprobs = lprobs.index_select(0, source)
             self.tokens = self.tokens.index_select(0, source)
             self.cumulative = self.cumulative.index_select(0, source)
-            if self.scores.size(1) == self.beam:
-                self.scores = self.scores.reshape(-1)[source].view(-1, self.beam)
+            if self.scores.size(1) == per_sentence:  # else one score per sentence: unchanged
+                self.scores = self.scores.reshape(-1)[source].view(-1, per_sentence)
         return lprobs
 
     def best_possible(self, best_alive: Tensor, step: int) -> Tensor:
@@ -497,9 +521,9 @@ class _Search:
 
     def finish(self, step: int, res: Any, lprobs: Tensor, attn: Tensor | None) -> list[bool]:
         """Store the hypotheses that end now; return, per live sentence, whether it is done."""
-        gen, beam = self.gen, self.beam
+        gen, beam, per_sentence = self.gen, self.beam, self.rows_per_sentence
         sents, slots = res.finalize.nonzero(as_tuple=True)
-        rows = sents * beam + res.cand_beams[sents, slots]
+        rows = sents * per_sentence + res.cand_beams[sents, slots]
         self.store(step, sents, rows, res.cand_scores[sents, slots], attn)
         counts = [len(self.finalized[s]) for s in self.live]
         if step == self.max_len:
@@ -516,11 +540,12 @@ class _Search:
             done = bound.le(self.worst).tolist()
         empty = [i for i, d in enumerate(done) if d and counts[i] == 0]
         if empty:
-            # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer.
+            # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
+            # (beam of them, as in fairseq, even at the first step where all are the same).
             sents = torch.tensor(empty, device=self.device).repeat_interleave(beam)
-            rows = sents * beam + torch.arange(beam, device=self.device).repeat(len(empty))
-            in_beam = self.scores.size(1)
-            cumulative = self.scores[sents, rows % beam % in_beam] + lprobs[rows, gen.eos]
+            hypos = torch.arange(beam, device=self.device).repeat(len(empty))
+            rows = sents * per_sentence + hypos % per_sentence
+            cumulative = self.scores[sents, hypos % self.scores.size(1)] + lprobs[rows, gen.eos]
             self.store(step, sents, rows, cumulative, attn)
         return done
 
@@ -569,7 +594,7 @@ class _Search:
         """Move to the next beam (dropping finished sentences): tokens, histories, states."""
         alive_beams, alive_tokens = res.alive_beams, res.alive_tokens
         alive_scores = res.alive_scores
-        offsets = self.offsets(alive_beams.size(0))
+        offsets = self.offsets(alive_beams.size(0), self.rows_per_sentence)
         if keep is not None:
             alive_beams, alive_tokens = alive_beams[keep], alive_tokens[keep]
             alive_scores, offsets = alive_scores[keep], offsets[keep]
@@ -588,4 +613,5 @@ class _Search:
             history = torch.cat([self.attention, attn.unsqueeze(1)], 1)
             self.attention = history.index_select(0, order)
         self.scores = alive_scores
+        self.rows_per_sentence = self.beam
         self.gen.model.reorder_states(self.reorderers, states, order)

@@ -180,7 +180,7 @@ def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
     model = generator.model
     if isinstance(generator, SequenceGenerator):
         names = {"encode": "forward", "decode_step": "forward"}
-        names |= {"reorder_states": "reorder", "reorder_encoder_out": "reorder"}
+        names |= {"reorder_states": "reorder", "select_sentences": "reorder"}
     else:
         names = {"forward_encoder": "forward", "forward_decoder": "forward"}
         names |= {"reorder_incremental_state": "reorder", "reorder_encoder_out": "reorder"}

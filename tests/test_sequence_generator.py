@@ -22,6 +22,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGeneratorWithAlign
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
+from beamplugin.models.convs2s import ConvS2SModel
 
 VOCAB_WORDS = 24
 
@@ -49,9 +50,8 @@ class _Task:
         self.source_dictionary = self.target_dictionary = d
 
 
-def build_fconv(d: Dictionary, seed: int) -> FConvModel:
-    torch.manual_seed(seed)
-    args = argparse.Namespace(
+def small_conv_args() -> argparse.Namespace:
+    return argparse.Namespace(
         encoder_embed_dim=16,
         encoder_layers="[(16, 3)] * 2",
         decoder_embed_dim=16,
@@ -61,12 +61,25 @@ def build_fconv(d: Dictionary, seed: int) -> FConvModel:
         max_source_positions=1024,
         max_target_positions=1024,
     )
+
+
+def build_fconv(d: Dictionary, seed: int) -> FConvModel:
+    torch.manual_seed(seed)
+    args = small_conv_args()
     fconv_architecture(args)
     model = FConvModel.build_model(args, _Task(d)).eval()
     with torch.no_grad():
         model.decoder.fc3.weight_g.mul_(10)  # fc3 is weight-normed: scale its gain
         model.decoder.fc3.bias[d.eos()] += 1.5
     return model
+
+
+def build_convs2s(d: Dictionary, seed: int) -> ConvS2SModel:
+    """Our convs2s with an fconv's weights. It reads the encoder output once per sentence, so
+    our generator never copies it per beam (fairseq's generator still copies it)."""
+    model = ConvS2SModel.build_model(small_conv_args(), _Task(d))
+    model.load_state_dict(build_fconv(d, seed).state_dict(), strict=True)
+    return model.eval()
 
 
 def build_transformer(d: Dictionary, seed: int) -> TransformerModel:
@@ -92,7 +105,7 @@ def build_transformer(d: Dictionary, seed: int) -> TransformerModel:
     return model
 
 
-BUILDERS = {"fconv": build_fconv, "transformer": build_transformer}
+BUILDERS = {"fconv": build_fconv, "convs2s": build_convs2s, "transformer": build_transformer}
 
 
 @pytest.fixture(scope="module")
@@ -178,8 +191,25 @@ def test_equals_fairseq_and_shrinks(vocab, models, arch, options):
     rows = count_rows(gen)
     out = gen.generate([model], sample)
     assert_same(ref, out)
-    # finished sentences leave: the batch never grows (test_batch_shrinks checks it shrinks)
-    assert rows == sorted(rows, reverse=True)
+    # convs2s decodes the first step on one row per sentence (its beams are all the same),
+    # the others on beam rows, as fairseq; then finished sentences leave: the batch never
+    # grows (test_batch_shrinks checks it shrinks)
+    assert rows[0] == 8 * (1 if arch == "convs2s" else options["beam_size"])
+    assert rows[1:] == sorted(rows[1:], reverse=True) and rows[1] <= 8 * options["beam_size"]
+
+
+@pytest.mark.parametrize("bsz", [1, 4, 7])
+def test_fconv_with_beamable_mm_equals_fairseq(vocab, bsz):
+    """fairseq-generate prepares fconv with BeamableMM, which reads the rows of a step as
+    groups of beam rows per sentence: the first step must not be decoded on fewer rows."""
+    model = build_fconv(vocab, 3)
+    model.make_generation_fast_(beamable_mm_beam_size=4)
+    sample = make_batch(vocab, bsz, seed=8)
+    ref = FairseqGenerator([model], vocab, beam_size=4, max_len_b=20).generate([model], sample)
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    rows = count_rows(gen)
+    assert_same(ref, gen.generate([model], sample))
+    assert rows[0] == 4 * bsz
 
 
 def test_large_vocabulary_equals_fairseq(models):
@@ -230,6 +260,27 @@ def test_batch_shrinks_on_this_data(vocab, models, arch):
     rows = count_rows(gen)
     gen.generate(models[arch][:1], make_batch(vocab, 8, seed=3))
     assert len(set(rows)) >= 3, rows
+
+
+@pytest.mark.parametrize("arch", ["convs2s", "fconv"])
+def test_encoder_output_follows_sentences_not_beams(vocab, models, arch, monkeypatch):
+    """convs2s reads one encoder row per sentence: only leaving sentences shrink it. fconv
+    needs a row per decoder row: expanded once after the first step, then shrunk."""
+    model = models[arch][0]
+    sizes: list[int] = []
+    reorder = model.encoder.reorder_encoder_out
+
+    def recording(encoder_out, new_order):
+        sizes.append(len(new_order))
+        return reorder(encoder_out, new_order)
+
+    monkeypatch.setattr(model.encoder, "reorder_encoder_out", recording)
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    gen.generate([model], make_batch(vocab, 8, seed=3))
+    expanded = 4 if arch == "fconv" else 1
+    assert sizes[0] == 8 * expanded and len(sizes) >= 3
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
+    assert all(size % expanded == 0 for size in sizes)
 
 
 @pytest.mark.parametrize("arch", sorted(BUILDERS))

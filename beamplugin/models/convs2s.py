@@ -174,6 +174,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     ``need_attn`` is off).
     """
 
+    # The decoder accepts an encoder_out with one row per sentence while it decodes several
+    # (sentence-major) rows per sentence: beamplugin's generator then never copies the encoder
+    # output per beam (see ConvAttention).
+    reads_encoder_out_per_sentence = True
+
     def __init__(
         self,
         dictionary: Dictionary,

@@ -51,13 +51,21 @@ class ConvAttention(nn.Module):
     def forward(
         self, x: Tensor, target_embedding: Tensor, memory: EncoderMemory
     ) -> tuple[Tensor, Tensor]:
-        """x: batch x tgt_len x conv_channels; returns it updated and the attention weights,
-        batch x tgt_len x src_len."""
+        """x: rows x tgt_len x conv_channels; returns it updated and the attention weights,
+        rows x tgt_len x src_len.
+
+        ``memory`` holds one row per sentence; ``rows`` may be a multiple of it, sentence-major
+        (the beams of a sentence in a beam search): they share their sentence's encoder rows,
+        so a step attends with one product per sentence and the memory is never copied per beam.
+        """
+        rows, steps = x.shape[:2]
+        sentences = memory["keys"].size(0)
         residual = x
         query = (self.in_projection(x) + target_embedding) * SQRT_HALF
-        scores = torch.bmm(query, memory["keys"])
+        scores = torch.bmm(query.view(sentences, -1, query.size(2)), memory["keys"])
         if memory["padding_mask"] is not None:
             scores = scores.masked_fill(memory["padding_mask"], float("-inf"))
         attn = F.softmax(scores, dim=-1)
         context = torch.bmm(attn, memory["values"]) * memory["scale"]
-        return (self.out_projection(context) + residual) * SQRT_HALF, attn
+        context = context.view(rows, steps, -1)
+        return (self.out_projection(context) + residual) * SQRT_HALF, attn.view(rows, steps, -1)
