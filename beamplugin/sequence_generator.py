@@ -416,7 +416,7 @@ class _Search:
             res = beam_step(live_lprobs, self.scores, beam, gen.eos)
             # The one host synchronisation of a step: did anything finish (or go NaN)?
             # A NaN log-prob would rank first (topk puts NaN on top), so the best is checked.
-            flag = res.finalize.any() | res.cand_scores[:, 0].isnan().any()
+            flag = (res.finalize | res.cand_scores[:, :1].isnan()).any()
             if gen.stopping == "exact":
                 bound = self.best_possible(res.alive_scores[:, 0], step)
                 flag = flag | bound.le(self.worst).any()

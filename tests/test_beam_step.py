@@ -10,7 +10,7 @@ from fairseq import search
 from fairseq.data import Dictionary
 
 from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
-from beamplugin.search.beam_step import top_candidates
+from beamplugin.search.beam_step import CHUNKED_TOPK_MIN_SIZE, chunk_size, top_candidates
 
 INF = math.inf
 EOS = 2  # fairseq's Dictionary: <s>=0, <pad>=1, </s>=2, <unk>=3, words from 4
@@ -153,9 +153,13 @@ def test_ties_and_random_tables_match_fairseq(beam, step):
         assert ours.alive_scores.tolist() == cand_scores.gather(1, active).tolist()
 
 
-@pytest.mark.parametrize("bsz, in_beam, vocab", [(40, 5, 2000), (64, 1, 8000), (30, 8, 1000)])
+@pytest.mark.parametrize(
+    "bsz, in_beam, vocab",
+    [(40, 5, 2000), (64, 1, 8000), (30, 8, 1000), (1, 5, 8000), (3, 4, 8008), (2, 3, 32000)],
+)
 def test_chunked_top_candidates_equal_a_full_topk(bsz, in_beam, vocab):
-    # large enough for the chunked search; random floats have no ties, so order is fixed too
+    # random floats have no ties, so the order is fixed too
+    assert bsz * in_beam * vocab >= CHUNKED_TOPK_MIN_SIZE and chunk_size(vocab, -(-16 // in_beam))
     g = torch.Generator().manual_seed(vocab)
     beam = 8
     lprobs = torch.randn(bsz, beam, vocab, generator=g).log_softmax(-1)[:, :in_beam]

