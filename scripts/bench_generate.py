@@ -4,8 +4,11 @@ Three systems, run interleaved (one pass over all batches each, in turn, ``--rep
 
 * ``fairseq``: fairseq's fconv + fairseq's SequenceGenerator (the baseline);
 * ``ours/fconv``: the same fconv + our SequenceGenerator: (a) the generator alone;
-* ``ours/convs2s``: our convs2s (the fconv checkpoint loaded into it) + our generator:
+* ``ours/convs2s``: our convs2s (the same weights loaded into it) + our generator:
   (b) end to end.
+
+``--path`` takes an fconv or a convs2s checkpoint (``make demo`` trains one): the two models have
+the same parameters, so each gets the checkpoint's weights.
 
 Each model is prepared as fairseq-generate prepares it (``eval()``, ``prepare_for_inference_``:
 weight norm removed, BeamableMM in fconv, no attention kept). Prints the median time per system,
@@ -44,7 +47,7 @@ Batch = dict[str, Any]
 
 def parse_args() -> Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--path", help="fconv checkpoint (fairseq-train --arch fconv_*)")
+    parser.add_argument("--path", help="an fconv or convs2s checkpoint (both models get it)")
     parser.add_argument("--data", help="binarized data dir of the checkpoint")
     parser.add_argument("--gen-subset", default="test")
     parser.add_argument("--random", action="store_true", help="random fconv_iwslt_de_en model")
@@ -109,16 +112,19 @@ def collate(sentences: list[torch.Tensor], dictionary: Dictionary, first_id: int
     }
 
 
-def checkpoint_fconv(path: str, data: str) -> tuple[FConvModel, Any, Namespace]:
+def checkpoint_models(path: str, data: str) -> tuple[FConvModel, ConvS2SModel, Any]:
+    """fconv and convs2s with the weights of an fconv or a convs2s checkpoint, and its task."""
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data}
     )
     model = models[0]
-    if not isinstance(model, FConvModel):
-        raise SystemExit(f"{path} holds a {type(model).__name__}, not an fconv model")
+    if not isinstance(model, FConvModel | ConvS2SModel):
+        raise SystemExit(f"{path} holds a {type(model).__name__}, not an fconv/convs2s model")
     args = cfg.model if isinstance(cfg.model, Namespace) else Namespace(**dict(cfg.model))
-    args.arch = getattr(args, "arch", None) or getattr(args, "_name", "fconv")
-    return model.eval(), task, args
+    args.arch = getattr(args, "arch", None) or getattr(args, "_name", None)
+    if isinstance(model, FConvModel):
+        return model.eval(), same_weights(ConvS2SModel, model, args, task, "fconv"), task
+    return same_weights(FConvModel, model, args, task, "convs2s"), model.eval(), task
 
 
 def checkpoint_batches(task: Any, subset: str, n: int, batch_size: int) -> list[Batch]:
@@ -131,15 +137,21 @@ def checkpoint_batches(task: Any, subset: str, n: int, batch_size: int) -> list[
     ]
 
 
-def convs2s_from(fconv: FConvModel, args: Namespace, dictionary: Dictionary) -> ConvS2SModel:
-    """Our convs2s with the fconv's weights (same parameter names: a strict load)."""
-    our_args = Namespace(**vars(args))
-    arch = str(args.arch).replace("fconv", "convs2s", 1)
-    our_args.arch = arch if arch in ARCH_CONFIG_REGISTRY else "convs2s"
-    ARCH_CONFIG_REGISTRY[our_args.arch](our_args)
-    task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    model = ConvS2SModel.build_model(our_args, task)
-    model.load_state_dict(fconv.state_dict(), strict=True)
+def same_weights(
+    model_class: type, source: torch.nn.Module, args: Namespace, task: Any, family: str
+) -> torch.nn.Module:
+    """A ``model_class`` (fconv or convs2s) with the weights of ``source``, a model of the other
+    one: same parameter names and shapes, so a strict load."""
+    other = "convs2s" if family == "fconv" else "fconv"
+    new_args = Namespace(**vars(args))
+    arch = str(args.arch).replace(family, other, 1)
+    new_args.arch = arch if arch in ARCH_CONFIG_REGISTRY else other
+    ARCH_CONFIG_REGISTRY[new_args.arch](new_args)
+    dictionaries = Namespace(
+        source_dictionary=task.source_dictionary, target_dictionary=task.target_dictionary
+    )
+    model = model_class.build_model(new_args, dictionaries)
+    model.load_state_dict(source.state_dict(), strict=True)
     return model.eval()
 
 
@@ -212,13 +224,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.random:
         fconv, dictionary, model_args = random_fconv(8000, args.seed)
+        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
         source = f"random fconv_iwslt_de_en, {len(dictionary)} words"
     else:
-        fconv, task, model_args = checkpoint_fconv(args.path, args.data)
+        fconv, convs2s, task = checkpoint_models(args.path, args.data)
         dictionary = task.target_dictionary
         source = f"{args.path} on {args.data}:{args.gen_subset}"
-    convs2s = prepare(convs2s_from(fconv, model_args, dictionary), args.beam)
-    fconv = prepare(fconv, args.beam)
+    convs2s, fconv = prepare(convs2s, args.beam), prepare(fconv, args.beam)
     options = dict(beam_size=args.beam, max_len_b=args.max_len_b, len_penalty=args.lenpen)
     systems = {
         "fairseq": (FairseqGenerator([fconv], dictionary, **options), fconv),
