@@ -428,8 +428,9 @@ def test_gnmt_length_penalty(vocab, models):
             assert float(hypo["score"]) == pytest.approx(expected, abs=1e-4)
 
 
-def test_alignment_equals_fairseq(vocab, models):
-    model = models["fconv"][0]
+@pytest.mark.parametrize("arch", ["convs2s", "fconv"])
+def test_alignment_equals_fairseq(vocab, models, arch):
+    model = models[arch][0]
     sample = make_batch(vocab, 5, seed=12)
     for kind in ("hard", "soft"):
         ref = SequenceGeneratorWithAlignment(
