@@ -283,9 +283,11 @@ def test_encoder_output_follows_sentences_not_beams(vocab, models, arch, monkeyp
     assert all(size % expanded == 0 for size in sizes)
 
 
-@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize("arch", [*sorted(BUILDERS), "convs2s+fconv"])
 def test_ensemble_equals_fairseq(vocab, models, arch):
-    pair = models[arch]
+    # convs2s+fconv: one model reads the encoder output per sentence, the other per row
+    first, second = arch.split("+") if "+" in arch else (arch, arch)
+    pair = [models[first][0], models[second][1]]
     sample = make_batch(vocab, 6, seed=4)
     ref = FairseqGenerator(pair, vocab, beam_size=4, max_len_b=20).generate(pair, sample)
     out = SequenceGenerator(pair, vocab, beam_size=4, max_len_b=20).generate(pair, sample)
