@@ -51,7 +51,7 @@ class EnsembleDecoder(nn.Module):
         self.per_sentence = [
             getattr(m.decoder, "reads_encoder_out_per_sentence", False) for m in models
         ]
-        self.any_rows_per_sentence = all(self.per_sentence)
+        self.first_step_one_row = all(self.per_sentence)  # see _Search
 
     def max_decoder_positions(self) -> int:
         return min(m.max_decoder_positions() for m in self.models)
@@ -364,7 +364,7 @@ class _Search:
         # step a sentence has one hypothesis, so models that allow it decode one row per
         # sentence; the others decode beam identical rows, as in fairseq. From the second step
         # on, a row per hypothesis: beam per sentence.
-        self.rows_per_sentence = 1 if gen.model.any_rows_per_sentence else self.beam
+        self.rows_per_sentence = 1 if gen.model.first_step_one_row else self.beam
         self.tokens = torch.full(
             (bsz * self.rows_per_sentence, 1),
             gen.eos if bos_token is None else bos_token,

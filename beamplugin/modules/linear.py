@@ -1,10 +1,10 @@
 """Matrix products of the model, routed to the fastest CPU kernel for large weights.
 
 On CPU, ``F.linear`` runs float32 products through MKL. For the decoder's output projection
-(vocabulary x embedding, a few to a few hundred rows per step) oneDNN's matmul takes 1.3 to 3
-times less on the machines we measured (``python scripts/bench_linear.py``); for small weights
-MKL is as fast or faster. Results differ from ``F.linear`` only in rounding (about 1e-6
-relative). Training keeps ``F.linear``: the oneDNN op has no autograd formula.
+(vocabulary x embedding, a few to a few hundred rows per step) oneDNN's matmul takes 1.2 to 2.6
+times less on the machine we measured, an AMD EPYC (``python scripts/bench_linear.py``); for
+small weights MKL is as fast or faster. Results differ from ``F.linear`` only in rounding
+(about 1e-6 relative). Training keeps ``F.linear``: the oneDNN op has no autograd formula.
 """
 
 from __future__ import annotations
