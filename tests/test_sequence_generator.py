@@ -23,6 +23,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, uses_onednn
 
 VOCAB_WORDS = 24
 
@@ -212,22 +213,30 @@ def test_fconv_with_beamable_mm_equals_fairseq(vocab, bsz):
     assert rows[0] == 4 * bsz
 
 
-def test_large_vocabulary_equals_fairseq(models):
-    # 2k words x 5 beams x 16 sentences: the chunked top-k path of the search step
+@pytest.mark.parametrize("arch", ["convs2s", "fconv"])
+def test_large_vocabulary_equals_fairseq_and_is_batch_invariant(arch):
+    # 66k words x 5 beams x 16 sentences: the chunked top-k path of the search step and, in
+    # convs2s, the oneDNN output projection (16 x 66k weights)
     big = Dictionary()
-    for i in range(2044):
+    for i in range(ONEDNN_MIN_WEIGHTS // 16):
         big.add_symbol(f"w{i}")
     big.finalize(padding_factor=1)
-    model = build_fconv(big, 4)
+    model = BUILDERS[arch](big, 4)
     with torch.no_grad():
         model.decoder.fc3.bias[big.eos()] += 2.5
+        # large enough for our oneDNN path (convs2s takes it; fconv always uses F.linear)
+        assert uses_onednn(torch.zeros(1, 16), model.decoder.fc3.weight)
     sample = make_batch(big, 16, seed=16)
     options = dict(beam_size=5, max_len_b=12)
     ref = FairseqGenerator([model], big, **options).generate([model], sample)
     gen = SequenceGenerator([model], big, **options)
     rows = count_rows(gen)
-    assert_same(ref, gen.generate([model], sample))
-    assert rows[-1] < rows[0]
+    together = gen.generate([model], sample)
+    assert_same(ref, together)
+    assert rows[-1] < rows[1]
+    for sentences in ([0], [9, 3]):
+        apart = gen.generate([model], sub_batch(sample, sentences))
+        assert_same([together[i] for i in sentences], apart, check_attention=False)
 
 
 def test_nan_log_probs_are_never_chosen_as_in_fairseq(vocab, models, monkeypatch):
