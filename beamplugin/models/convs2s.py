@@ -389,14 +389,21 @@ def base_architecture(args: Namespace) -> None:
     _default(args, "max_target_positions", 1024)
 
 
+def _shaped(
+    args: Namespace, embed_dim: int, encoder_layers: str, decoder_layers: str, out_embed_dim: int
+) -> None:
+    """An architecture's defaults: embedding size of both sides, layers, output embedding."""
+    _default(args, "encoder_embed_dim", embed_dim)
+    _default(args, "encoder_layers", encoder_layers)
+    _default(args, "decoder_embed_dim", embed_dim)
+    _default(args, "decoder_layers", decoder_layers)
+    _default(args, "decoder_out_embed_dim", out_embed_dim)
+    base_architecture(args)
+
+
 @register_model_architecture("convs2s", "convs2s_iwslt_de_en")
 def convs2s_iwslt_de_en(args: Namespace) -> None:
-    _default(args, "encoder_embed_dim", 256)
-    _default(args, "encoder_layers", "[(256, 3)] * 4")
-    _default(args, "decoder_embed_dim", 256)
-    _default(args, "decoder_layers", "[(256, 3)] * 3")
-    _default(args, "decoder_out_embed_dim", 256)
-    base_architecture(args)
+    _shaped(args, 256, "[(256, 3)] * 4", "[(256, 3)] * 3", 256)
 
 
 @register_model_architecture("convs2s", "convs2s_wmt_en_ro")
@@ -409,12 +416,7 @@ def convs2s_wmt_en_ro(args: Namespace) -> None:
 def convs2s_wmt_en_de(args: Namespace) -> None:
     # 9 layers of 512 units, 4 of 1024, then two 1x1 convolutions of 2048
     layers = "[(512, 3)] * 9 + [(1024, 3)] * 4 + [(2048, 1)] * 2"
-    _default(args, "encoder_embed_dim", 768)
-    _default(args, "encoder_layers", layers)
-    _default(args, "decoder_embed_dim", 768)
-    _default(args, "decoder_layers", layers)
-    _default(args, "decoder_out_embed_dim", 512)
-    base_architecture(args)
+    _shaped(args, 768, layers, layers, 512)
 
 
 @register_model_architecture("convs2s", "convs2s_wmt_en_fr")
@@ -422,20 +424,10 @@ def convs2s_wmt_en_fr(args: Namespace) -> None:
     # 6 layers of 512 units, 4 of 768, 3 of 1024, then 1x1 convolutions of 2048 and 4096
     layers = "[(512, 3)] * 6 + [(768, 3)] * 4 + [(1024, 3)] * 3"
     layers += " + [(2048, 1)] * 1 + [(4096, 1)] * 1"
-    _default(args, "encoder_embed_dim", 768)
-    _default(args, "encoder_layers", layers)
-    _default(args, "decoder_embed_dim", 768)
-    _default(args, "decoder_layers", layers)
-    _default(args, "decoder_out_embed_dim", 512)
-    base_architecture(args)
+    _shaped(args, 768, layers, layers, 512)
 
 
 @register_model_architecture("convs2s", "convs2s_tiny")
 def convs2s_tiny(args: Namespace) -> None:
     """64 wide, two encoder and two decoder layers of width 3: for tests and CPU demos."""
-    _default(args, "encoder_embed_dim", 64)
-    _default(args, "encoder_layers", "[(64, 3)] * 2")
-    _default(args, "decoder_embed_dim", 64)
-    _default(args, "decoder_layers", "[(64, 3)] * 2")
-    _default(args, "decoder_out_embed_dim", 64)
-    base_architecture(args)
+    _shaped(args, 64, "[(64, 3)] * 2", "[(64, 3)] * 2", 64)
