@@ -10,6 +10,7 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 from fairseq.optim.nag import NAG
+from toy_sources import left_padded_sources
 
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import parse_attention_spec, parse_layer_spec
@@ -53,15 +54,6 @@ def build_model(
     return model
 
 
-def source_batch(dictionary: Dictionary, lengths: list[int]) -> torch.Tensor:
-    """Left-padded sources ending in eos, as fairseq's translation task batches them."""
-    src = torch.full((len(lengths), max(lengths)), dictionary.pad())
-    for row, length in enumerate(lengths):
-        src[row, -length:-1] = torch.randint(dictionary.nspecial, len(dictionary), (length - 1,))
-        src[row, -1] = dictionary.eos()
-    return src
-
-
 def target_prefixes(dictionary: Dictionary, rows: int, length: int) -> torch.Tensor:
     prev = torch.randint(dictionary.nspecial, len(dictionary), (rows, length))
     prev[:, 0] = dictionary.eos()
@@ -87,7 +79,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 @pytest.mark.parametrize("spec", LAYER_SPECS)
 def test_incremental_equals_full_forward(toy_dictionary, spec, dtype):
     model = build_model(toy_dictionary, *spec).to(dtype).eval()
-    src = source_batch(toy_dictionary, [SRC_LEN, 4, 6])
+    src = left_padded_sources(toy_dictionary, [SRC_LEN, 4, 6])
     prev = target_prefixes(toy_dictionary, 3, TGT_LEN)
     with torch.no_grad():
         full_logits, full_attn = model(src, None, prev)
@@ -104,7 +96,7 @@ def test_incremental_equals_full_forward_with_the_onednn_output_projection():
     for index in range(ONEDNN_MIN_WEIGHTS // 64):
         dictionary.add_symbol(f"word{index}")
     model = build_model(dictionary, *LAYER_SPECS[2], out_embed_dim=64).eval()
-    src = source_batch(dictionary, [SRC_LEN, 4, 6])
+    src = left_padded_sources(dictionary, [SRC_LEN, 4, 6])
     prev = target_prefixes(dictionary, 3, TGT_LEN)
     with torch.no_grad():
         assert uses_onednn(prev.float(), model.decoder.fc3.weight)
@@ -118,7 +110,7 @@ def test_incremental_equals_full_forward_with_the_onednn_output_projection():
 @pytest.mark.parametrize("spec", LAYER_SPECS)
 def test_reorder_that_permutes_repeats_and_drops_rows(toy_dictionary, spec):
     model = build_model(toy_dictionary, *spec).double().eval()
-    src = source_batch(toy_dictionary, [SRC_LEN, 3, 5, 6])
+    src = left_padded_sources(toy_dictionary, [SRC_LEN, 3, 5, 6])
     prev = target_prefixes(toy_dictionary, 4, TGT_LEN)
     orders = {3: torch.tensor([2, 0, 2]), 6: torch.tensor([1, 0])}  # after steps 3 and 6
     rows = torch.arange(4)
@@ -148,7 +140,7 @@ def test_reorder_that_permutes_repeats_and_drops_rows(toy_dictionary, spec):
 @pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, NAG])
 def test_decoding_follows_weight_changes(toy_dictionary, optimizer_class):
     model = build_model(toy_dictionary, *LAYER_SPECS[2]).eval()
-    src = source_batch(toy_dictionary, [SRC_LEN, 5])
+    src = left_padded_sources(toy_dictionary, [SRC_LEN, 5])
     prev = target_prefixes(toy_dictionary, 2, TGT_LEN)
 
     def incremental_logits(m: ConvS2SModel) -> torch.Tensor:
@@ -185,7 +177,7 @@ def test_decoding_follows_weight_changes(toy_dictionary, optimizer_class):
 
 def test_weight_norm_parameters_get_gradients(toy_dictionary):
     model = build_model(toy_dictionary, *LAYER_SPECS[1]).train()
-    src = source_batch(toy_dictionary, [SRC_LEN, 5])
+    src = left_padded_sources(toy_dictionary, [SRC_LEN, 5])
     logits, _ = model(src, None, target_prefixes(toy_dictionary, 2, TGT_LEN))
     logits.sum().backward()
     for name, param in model.named_parameters():

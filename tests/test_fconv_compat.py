@@ -13,6 +13,7 @@ from fairseq.data import Dictionary
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.models.fconv import FConvModel
 from fairseq.sequence_generator import SequenceGenerator
+from toy_sources import left_padded_sources
 
 from beamplugin.models.convs2s import ConvS2SModel
 
@@ -61,14 +62,6 @@ def convs2s_loaded_from(fconv: FConvModel, dictionary: Dictionary, **options) ->
     return ours.eval()
 
 
-def sources(dictionary: Dictionary, lengths: list[int]) -> torch.Tensor:
-    src = torch.full((len(lengths), max(lengths)), dictionary.pad())
-    for row, length in enumerate(lengths):
-        src[row, -length:-1] = torch.randint(dictionary.nspecial, len(dictionary), (length - 1,))
-        src[row, -1] = dictionary.eos()
-    return src
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 def test_named_architectures_have_fconvs_options_names_and_shapes(toy_dictionary, arch):
     with torch.device("meta"):  # shapes only: the wmt models are large
@@ -87,7 +80,7 @@ def test_fconv_state_dict_gives_identical_outputs(toy_dictionary, shape, source_
     """Bit for bit, in the full pass and step by step: both models run the same operations."""
     fconv = fconv_with_random_weights(toy_dictionary, **SMALL_SHAPES[shape])
     ours = convs2s_loaded_from(fconv, toy_dictionary, **SMALL_SHAPES[shape])
-    src = sources(toy_dictionary, source_lengths)
+    src = left_padded_sources(toy_dictionary, source_lengths)
     prev = torch.randint(toy_dictionary.nspecial, len(toy_dictionary), (3, 8))
     prev[:, 0] = toy_dictionary.eos()
     with torch.no_grad():
@@ -113,7 +106,7 @@ def test_fairseq_sequence_generator_finds_the_same_translations(toy_dictionary):
     with torch.no_grad():  # make eos likely, so sentences finish (and leave the batch) early
         fconv.decoder.fc3.bias[toy_dictionary.eos()] += 4.0
     ours = convs2s_loaded_from(fconv, toy_dictionary, **shape)
-    src = sources(toy_dictionary, [9, 5, 7, 3, 8, 6])
+    src = left_padded_sources(toy_dictionary, [9, 5, 7, 3, 8, 6])
     sample = {"net_input": {"src_tokens": src, "src_lengths": src.ne(1).sum(1)}}
 
     def translate(model):
@@ -149,7 +142,7 @@ def test_version_1_fconv_state_dict_is_upgraded(toy_dictionary):
                     decoder_embed_dim=12, decoder_out_embed_dim=10, **shape)
     ours.load_state_dict(old, strict=True)
     assert ours.decoder.version.item() == 2
-    src = sources(toy_dictionary, [6, 4])
+    src = left_padded_sources(toy_dictionary, [6, 4])
     prev = torch.randint(toy_dictionary.nspecial, len(toy_dictionary), (2, 5))
     with torch.no_grad():
         expected = fconv(src, None, prev)[0]
