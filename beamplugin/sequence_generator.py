@@ -416,13 +416,14 @@ class _Search:
             res = beam_step(live_lprobs, self.scores, beam, gen.eos)
             # The one host synchronisation of a step: did anything finish (or go NaN)?
             # A NaN log-prob would rank first (topk puts NaN on top), so the best is checked.
-            flag = (res.finalize | res.cand_scores[:, :1].isnan()).any()
+            nan_best = res.cand_scores[:, :1].isnan()
+            flag = (res.finalize | nan_best).any()
             if gen.stopping == "exact":
                 bound = self.best_possible(res.alive_scores[:, 0], step)
                 flag = flag | bound.le(self.worst).any()
             keep: Tensor | None = None
             if step == self.max_len or flag.item():
-                if res.cand_scores[:, 0].isnan().any():
+                if nan_best.any():
                     # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
                     lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
                     res = beam_step(live_lprobs, self.scores, beam, gen.eos)
