@@ -20,6 +20,11 @@ within 1e-4), and, from a separate instrumented pass, where the time goes: model
     python scripts/bench_generate.py --path ckpt/checkpoint_best.pt --data data-bin \\
         --batch-sizes 1 64 --beam 5 --threads 2 --max-sentences 200
     python scripts/bench_generate.py --random   # fconv_iwslt_de_en shape, 8k vocabulary
+
+With ``--device cuda`` the models and batches live on the GPU, each timed pass ends with a
+``torch.cuda.synchronize()``, and a further pass under ``torch.cuda.set_sync_debug_mode`` counts
+the host synchronisations per decoder step of each system. The instrumented split synchronises
+around each forward on CUDA (else kernel launches, not kernels, would be timed).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 from argparse import Namespace
 from collections.abc import Callable
 from typing import Any
@@ -56,12 +62,15 @@ def parse_args() -> Namespace:
     parser.add_argument("--lenpen", type=float, default=1.0)
     parser.add_argument("--max-len-b", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
     parser.add_argument("--max-sentences", type=int, default=128, help="sentences timed")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     if not args.random and not (args.path and args.data):
         parser.error("give --path and --data, or --random")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available")
     return args
 
 
@@ -167,22 +176,29 @@ def prepare(model: torch.nn.Module, beam: int) -> torch.nn.Module:
 
 
 class Timers:
-    """Wall time spent inside wrapped methods, by category."""
+    """Wall time spent inside wrapped methods, by category (and calls, by method)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.cuda = device.type == "cuda"
 
     def wrap(self, owner: Any, name: str, category: str) -> Callable[[], None]:
         original = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self.cuda:
+                torch.cuda.synchronize()
             start = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
+                if self.cuda:
+                    torch.cuda.synchronize()
                 self.seconds[category] = self.seconds.get(category, 0.0) + (
                     time.perf_counter() - start
                 )
+                self.calls[name] = self.calls.get(name, 0) + 1
 
         setattr(owner, name, timed)
         return lambda: delattr(owner, name) if name in vars(owner) else None
@@ -200,11 +216,46 @@ def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
 
 
 def run(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> tuple[float, list]:
+    cuda = next(model.parameters()).is_cuda
     start = time.perf_counter()
     outputs = []
     for batch in batches:
         outputs.extend(generator.generate([model], batch))
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start, outputs
+
+
+def decoder_steps(generator: Any) -> Callable[[], int]:
+    """Start counting the decoder steps of ``generator``; the returned function stops and
+    tells how many there were."""
+    timers = Timers(torch.device("cpu"))
+    (restore,) = [
+        timers.wrap(generator.model, name, "steps")
+        for name in ("decode_step", "forward_decoder")
+        if hasattr(generator.model, name)
+    ]
+
+    def stop() -> int:
+        restore()
+        return sum(timers.calls.values())
+
+    return stop
+
+
+def host_syncs(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> tuple[int, int]:
+    """(host synchronisations, decoder steps) of one pass on CUDA, as counted by torch's
+    sync debug mode (it warns at every synchronising call: .item(), nonzero, copies to host)."""
+    steps = decoder_steps(generator)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run(generator, model, batches)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchronizing" in str(w.message) for w in caught)
+    return syncs, steps()
 
 
 def agreement(reference: list, outputs: list) -> tuple[int, int]:
@@ -231,19 +282,24 @@ def main() -> None:
         fconv, convs2s, task = checkpoint_models(args.path, args.data)
         dictionary = task.target_dictionary
         source = f"{args.path} on {args.data}:{args.gen_subset}"
-    convs2s, fconv = prepare(convs2s, args.beam), prepare(fconv, args.beam)
+    device = torch.device(args.device)
+    convs2s, fconv = prepare(convs2s, args.beam).to(device), prepare(fconv, args.beam).to(device)
     options = dict(beam_size=args.beam, max_len_b=args.max_len_b, len_penalty=args.lenpen)
     systems = {
         "fairseq": (FairseqGenerator([fconv], dictionary, **options), fconv),
         "ours/fconv": (SequenceGenerator([fconv], dictionary, **options), fconv),
         "ours/convs2s": (SequenceGenerator([convs2s], dictionary, **options), convs2s),
     }
-    print(f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(
+        f"# {source}; beam {args.beam}, {args.threads} threads, {where}, torch {torch.__version__}"
+    )
     for batch_size in args.batch_sizes:
         if args.random:
             batches = random_batches(dictionary, args.max_sentences, batch_size, args.seed)
         else:
             batches = checkpoint_batches(task, args.gen_subset, args.max_sentences, batch_size)
+        batches = [utils.apply_to_sample(lambda t: t.to(device), b) for b in batches]
         sentences = sum(len(b["id"]) for b in batches)
         times: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list] = {}
@@ -267,7 +323,7 @@ def main() -> None:
             )
         print("time split (instrumented pass): forward / state+encoder reorder / bookkeeping")
         for name, (generator, model) in systems.items():
-            timers = Timers()
+            timers = Timers(device)
             restore = instrument(generator, timers)
             total_time = run(generator, model, batches)[0]
             for undo in restore:
@@ -280,6 +336,12 @@ def main() -> None:
                 f"{name:13s} {shares[0]:5.1f}% / {shares[1]:5.1f}% / {shares[2]:5.1f}%   "
                 f"(everything but forwards: {shares[1] + shares[2]:.1f}%)"
             )
+        if device.type == "cuda":
+            print("host synchronisations (torch.cuda.set_sync_debug_mode)")
+            for name, (generator, model) in systems.items():
+                syncs, steps = host_syncs(generator, model, batches)
+                per_step = syncs / steps
+                print(f"{name:13s} {syncs:7d} in {steps} decoder steps: {per_step:.2f} per step")
 
 
 if __name__ == "__main__":

@@ -163,7 +163,9 @@ def assert_same(ref: list, out: list, check_attention: bool = True) -> None:
             )
             if check_attention:
                 assert o["attention"].shape == r["attention"].shape, where
-                torch.testing.assert_close(o["attention"], r["attention"], atol=1e-5, rtol=0)
+                torch.testing.assert_close(
+                    o["attention"], r["attention"].cpu(), atol=1e-5, rtol=0
+                )
 
 
 PARITY_CASES = [

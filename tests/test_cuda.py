@@ -1,0 +1,101 @@
+"""The generator on a GPU: same answers as fairseq's generator there and as ours on the CPU, and
+one host synchronisation per decoder step. Skipped where torch sees no CUDA device (CI); run
+on a GPU machine with ``python -m pytest tests/test_cuda.py``."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from test_sequence_generator import BUILDERS, VOCAB_WORDS, assert_same, count_rows, make_batch
+
+from beamplugin import SequenceGenerator
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Dictionary:
+    d = Dictionary()
+    for i in range(VOCAB_WORDS):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def on_cuda(sample: dict) -> dict:
+    return utils.apply_to_sample(lambda t: t.cuda(), sample)
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize(
+    "options", [dict(beam_size=1), dict(beam_size=5), dict(beam_size=4, min_len=6)], ids=str
+)
+def test_equals_fairseq_on_cuda(vocab, arch, options):
+    model = BUILDERS[arch](vocab, 1).cuda()
+    sample = on_cuda(make_batch(vocab, 8, seed=3))
+    options = {"max_len_b": 20, **options}
+    ref = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    gen = SequenceGenerator([model], vocab, **options)
+    rows = count_rows(gen)
+    assert_same(ref, gen.generate([model], sample))
+    assert rows[-1] < rows[1]  # sentences left the batch on the GPU too
+
+
+@pytest.mark.parametrize("arch", ["convs2s", "fconv"])
+def test_cuda_equals_cpu(vocab, arch):
+    model = BUILDERS[arch](vocab, 2)
+    sample = make_batch(vocab, 8, seed=5)
+    gen = SequenceGenerator([model], vocab, beam_size=5, max_len_b=20)
+    on_cpu = gen.generate([model], sample)
+    model.cuda()
+    assert_same(on_cpu, gen.generate([model], on_cuda(sample)))
+
+
+def test_large_vocabulary_chunked_search_equals_fairseq_on_cuda():
+    # 40k words x 5 beams: the chunked top-k of the search step runs on the GPU
+    big = Dictionary()
+    for i in range(40_000):
+        big.add_symbol(f"w{i}")
+    big.finalize(padding_factor=1)
+    model = BUILDERS["convs2s"](big, 4).cuda()
+    with torch.no_grad():
+        model.decoder.fc3.bias[big.eos()] += 2.5
+    sample = on_cuda(make_batch(big, 16, seed=16))
+    options = dict(beam_size=5, max_len_b=12)
+    ref = FairseqGenerator([model], big, **options).generate([model], sample)
+    assert_same(ref, SequenceGenerator([model], big, **options).generate([model], sample))
+
+
+def beamplugin_syncs(gen: SequenceGenerator, model: torch.nn.Module, sample: dict) -> int:
+    """Synchronising calls (``.item()``, ``nonzero``, copies to the host) that beamplugin's code
+    makes during a search; those inside fairseq's models (the transformer's) are theirs."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            gen.generate([model], sample)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum(
+        "synchronizing" in str(w.message) and "beamplugin" in w.filename.replace("\\", "/")
+        for w in caught
+    )
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_one_host_sync_per_decoder_step(vocab, arch):
+    """min_len = max length: nothing finishes before the last step, so each extra step may
+    only add the step's one stop check (tests/test_host_syncs.py counts the same on the CPU,
+    finishing steps included)."""
+    model = BUILDERS[arch](vocab, 1).cuda()
+    sample = on_cuda(make_batch(vocab, 4, seed=7))
+    syncs = {}
+    for length in (8, 16):
+        gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=length, min_len=length)
+        syncs[length] = beamplugin_syncs(gen, model, sample)
+    assert syncs[16] - syncs[8] == 8, syncs
