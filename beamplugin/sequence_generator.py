@@ -8,7 +8,7 @@ equal fairseq's; on top of that:
   states shrink with them, and the encoder output is re-indexed only when the batch shrinks (it
   is identical for all beams of a sentence, so per-step beam reorders never touch it);
 * the per-step work is a handful of tensor ops with one host synchronisation (the "did anything
-  finish?" check); Python only runs when hypotheses actually finish;
+  finish?" check); Python only runs when hypotheses actually finish, and then with one more;
 * ``stopping="exact"`` keeps searching while an alive hypothesis can still beat the worst
   finished one, ``length_penalty_style="gnmt"`` normalises by ``((5 + len) / 6) ** lenpen``;
 * ``no_repeat_ngram_size`` blocks n-grams with the same vectorised code on CPU and CUDA.
@@ -24,6 +24,7 @@ from fairseq import search, utils
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
+from beamplugin.host_transfer import to_device, to_host
 from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
 
 STOPPING_RULES = ("fairseq", "exact")
@@ -377,9 +378,14 @@ class _Search:
         # Exact stopping: worst finished score of full sentences (-inf while not full).
         self.worst = torch.full((bsz,), -math.inf, device=device)
         self._offsets: dict[tuple[int, int], Tensor] = {}
-        self.masked_prefix_step = torch.tensor(gen._masked_prefix_step, device=device)
-        self.masked_free_step = torch.tensor(gen._masked_free_step, device=device)
-        self.masked_short_step = torch.tensor(gen._masked_short_step, device=device)
+        self.masked_prefix_step = to_device(gen._masked_prefix_step, device)
+        self.masked_free_step = to_device(gen._masked_free_step, device)
+        self.masked_short_step = to_device(gen._masked_short_step, device)
+        # Steps at which a prefix ends (EOS) for some sentence, known once on the host.
+        self.prefix_end_steps: set[int] = set()
+        if prefix_tokens is not None:
+            ends = to_host(prefix_tokens.eq(gen.eos).any(0))[0]
+            self.prefix_end_steps = set(ends.nonzero().view(-1).tolist())
         if gen.length_constraints is not None:
             min_a, min_b, max_a, max_b = gen.length_constraints
             self.min_lens = min_a * src_lengths + min_b
@@ -414,25 +420,21 @@ class _Search:
             # the first row of a sentence for each hypothesis (more are copies at step 0)
             live_lprobs = lprobs.view(n, rows_per_sentence, -1)[:, : self.scores.size(1)]
             res = beam_step(live_lprobs, self.scores, beam, gen.eos)
-            # The one host synchronisation of a step: did anything finish (or go NaN)?
-            # A NaN log-prob would rank first (topk puts NaN on top), so the best is checked.
-            nan_best = res.cand_scores[:, :1].isnan()
-            flag = (res.finalize | nan_best).any()
-            if gen.stopping == "exact":
-                bound = self.best_possible(res.alive_scores[:, 0], step)
-                flag = flag | bound.le(self.worst).any()
+            status, bound = self.step_status(res, step)
             keep: Tensor | None = None
-            if step == self.max_len or flag.item():
-                if nan_best.any():
+            if step == self.max_len or status.any():
+                slots = res.finalize.size(1)  # beam, or fewer with a tiny vocabulary
+                if status[:, slots].any():
                     # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
                     lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
                     res = beam_step(live_lprobs, self.scores, beam, gen.eos)
-                done = self.finish(step, res, lprobs, attn)
+                    status, bound = self.step_status(res, step)
+                done = self.finish(step, res, status[:, :slots], bound, lprobs, attn)
                 if step == self.max_len or all(done):
                     break
                 if any(done):
                     keep_list = [i for i, d in enumerate(done) if not d]
-                    keep = torch.tensor(keep_list, device=self.device)
+                    keep = to_device(keep_list, self.device)
                     self.live = [self.live[i] for i in keep_list]
             self.advance(res, attn, keep, states)
             if keep is not None or rows_per_sentence != beam:
@@ -441,6 +443,19 @@ class _Search:
                     encoder_outs, sentences, rows_per_sentence, beam
                 )
         return self.finalized
+
+    def step_status(self, res: Any, step: int) -> tuple[Tensor, Tensor | None]:
+        """The one host synchronisation of a step: on the host, per live sentence, which of
+        the top beam candidates end in EOS, whether the best candidate is NaN (a NaN log-prob
+        would rank first: topk puts NaN on top) and, for exact stopping, whether no live
+        hypothesis can beat the worst finished one; with exact stopping also that bound."""
+        columns = [res.finalize, res.cand_scores[:, :1].isnan()]
+        if self.gen.stopping != "exact":
+            return to_host(torch.cat(columns, 1))[0], None
+        bound = self.best_possible(res.alive_scores[:, 0], step)
+        columns.append(bound.le(self.worst).unsqueeze(1))
+        status, bound = to_host(torch.cat(columns, 1), bound)
+        return status, bound
 
     def mask(self, lprobs: Tensor, step: int) -> Tensor:
         """fairseq's per-step rules: pad, unk penalty, max/min length, prefix, suppression."""
@@ -485,13 +500,12 @@ class _Search:
             1, forced, lprobs.gather(1, forced)
         )
         lprobs = torch.where(forced.ne(self.gen.pad), only_forced, lprobs)
-        ends = forced.squeeze(1).eq(self.gen.eos)
-        if ends.any():
+        if step in self.prefix_end_steps:
             # A prefix that ends here: all beams become copies of beam 0 (the only one that
             # followed the prefix), as in fairseq; attention stays per row as fairseq's does.
             rows = torch.arange(lprobs.size(0), device=lprobs.device)
             first = rows - rows % per_sentence
-            source = torch.where(ends, first, rows)
+            source = torch.where(forced.squeeze(1).eq(self.gen.eos), first, rows)
             lprobs = lprobs.index_select(0, source)
             self.tokens = self.tokens.index_select(0, source)
             self.cumulative = self.cumulative.index_select(0, source)
@@ -520,12 +534,26 @@ class _Search:
         ]
         return torch.where(ceiling > 0, ceiling / min(ends), ceiling / max(ends))
 
-    def finish(self, step: int, res: Any, lprobs: Tensor, attn: Tensor | None) -> list[bool]:
-        """Store the hypotheses that end now; return, per live sentence, whether it is done."""
+    def finish(
+        self,
+        step: int,
+        res: Any,
+        finalize: Tensor,
+        bound: Tensor | None,
+        lprobs: Tensor,
+        attn: Tensor | None,
+    ) -> list[bool]:
+        """Store the hypotheses that end now (``finalize``: the host copy of res.finalize) and
+        return, per live sentence, whether it is done."""
         gen, beam, per_sentence = self.gen, self.beam, self.rows_per_sentence
-        sents, slots = res.finalize.nonzero(as_tuple=True)
-        rows = sents * per_sentence + res.cand_beams[sents, slots]
-        self.store(step, sents, rows, res.cand_scores[sents, slots], attn)
+        sents, slots = finalize.nonzero(as_tuple=True)
+        sents_dev, cands = to_device(
+            torch.stack([sents, sents * res.cand_beams.size(1) + slots]), self.device
+        )
+        rows = sents_dev * per_sentence + res.cand_beams.view(-1).index_select(0, cands)
+        self.store(
+            step, sents, sents_dev, rows, res.cand_scores.view(-1).index_select(0, cands), attn
+        )
         counts = [len(self.finalized[s]) for s in self.live]
         if step == self.max_len:
             done = [True] * len(self.live)
@@ -536,24 +564,33 @@ class _Search:
                 min(float(h["score"]) for h in self.finalized[s]) if c >= beam else -math.inf
                 for s, c in zip(self.live, counts, strict=True)
             ]
-            self.worst = torch.tensor(worst, device=self.device, dtype=self.worst.dtype)
-            bound = self.best_possible(res.alive_scores[:, 0], step)
-            done = bound.le(self.worst).tolist()
+            worst_host = torch.tensor(worst, dtype=self.worst.dtype)
+            self.worst = to_device(worst_host, self.device)
+            done = bound.le(worst_host).tolist()
         empty = [i for i, d in enumerate(done) if d and counts[i] == 0]
         if empty:
             # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
             # (beam of them, as in fairseq, even at the first step where all are the same).
-            sents = torch.tensor(empty, device=self.device).repeat_interleave(beam)
-            hypos = torch.arange(beam, device=self.device).repeat(len(empty))
-            rows = sents * per_sentence + hypos % per_sentence
-            cumulative = self.scores[sents, hypos % self.scores.size(1)] + lprobs[rows, gen.eos]
-            self.store(step, sents, rows, cumulative, attn)
+            sents = torch.tensor(empty).repeat_interleave(beam)
+            hypos = torch.arange(beam).repeat(len(empty))
+            sents_dev, hypos_dev = to_device(torch.stack([sents, hypos]), self.device)
+            rows = sents_dev * per_sentence + hypos_dev % per_sentence
+            cumulative = self.scores[sents_dev, hypos_dev % self.scores.size(1)]
+            cumulative = cumulative + lprobs[rows, gen.eos]
+            self.store(step, sents, sents_dev, rows, cumulative, attn)
         return done
 
     def store(
-        self, step: int, sents: Tensor, rows: Tensor, eos_cumulative: Tensor, attn: Tensor | None
+        self,
+        step: int,
+        sents: Tensor,
+        sents_dev: Tensor,
+        rows: Tensor,
+        eos_cumulative: Tensor,
+        attn: Tensor | None,
     ) -> None:
-        """Add hypotheses (live rows ``rows`` followed by EOS) to their sentences' n-best lists."""
+        """Add hypotheses (live rows ``rows`` followed by EOS) to the n-best lists of their
+        sentences (``sents`` on the host, ``sents_dev`` the same on the device)."""
         gen = self.gen
         tokens = torch.cat(
             [self.tokens.index_select(0, rows)[:, 1:], torch.full_like(rows, gen.eos)[:, None]], 1
@@ -562,24 +599,19 @@ class _Search:
         positional = torch.cat([cumulative[:, :1], cumulative[:, 1:] - cumulative[:, :-1]], 1)
         scores = gen._normalise(eos_cumulative, step + 1)
         if gen.match_source_len:
-            too_long = step > self.src_lengths.index_select(0, sents)
+            too_long = step > self.src_lengths.index_select(0, sents_dev)
             scores = scores.masked_fill(too_long, -math.inf)
+        fetched = [tokens, positional, scores]
         if attn is not None:
-            attention = (
-                torch.cat(
-                    [self.attention.index_select(0, rows), attn.index_select(0, rows).unsqueeze(1)],
-                    1,
-                )
-                .transpose(1, 2)
-                .cpu()
-            )
-        tokens, positional, scores = tokens.cpu(), positional.cpu(), scores.cpu()
+            history = [self.attention.index_select(0, rows), attn.index_select(0, rows)[:, None]]
+            fetched.append(torch.cat(history, 1).transpose(1, 2))
+        tokens, positional, scores, *attention = to_host(*fetched)
         for i, sent in enumerate(sents.tolist()):
             hypos = self.finalized[self.live[sent]]
             hypo = {
                 "tokens": tokens[i],
                 "score": scores[i],
-                "attention": attention[i] if attn is not None else torch.empty(0),
+                "attention": attention[0][i] if attention else torch.empty(0),
                 "alignment": torch.empty(0),
                 "positional_scores": positional[i],
             }

@@ -1,0 +1,100 @@
+"""How often the search makes the host wait for the device, counted on the CPU (see
+host_syncs.py): once per step, once more on a step where hypotheses finish, and no more."""
+
+from __future__ import annotations
+
+import pytest
+import test_sequence_generator
+from host_syncs import as_device, counting_syncs
+from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
+
+from beamplugin import SequenceGenerator
+from beamplugin.sequence_generator import _Search
+
+# the same module-scoped fixtures as the generator's tests
+vocab = test_sequence_generator.vocab
+models = test_sequence_generator.models
+
+STEP = "to_host from sequence_generator.py:step_status"
+FINISH = "to_host from sequence_generator.py:store"
+
+
+def count_finishing_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    steps: list[int] = []
+    finish = _Search.finish
+
+    def recording(self, step, *args, **kwargs):
+        steps.append(step)
+        return finish(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(_Search, "finish", recording)
+    return steps
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(beam_size=4),
+        dict(beam_size=1),
+        dict(beam_size=4, min_len=20),  # nothing finishes before the last step
+        dict(beam_size=4, stopping="exact", len_penalty=0.5),
+        dict(beam_size=4, match_source_len=True),
+    ],
+    ids=str,
+)
+def test_one_sync_per_step_and_one_per_finishing_step(vocab, models, arch, options, monkeypatch):
+    model = models[arch][0]
+    sample = make_batch(vocab, 8, seed=3)
+    gen = SequenceGenerator([model], vocab, max_len_b=20, **options)
+    reference = gen.generate([model], sample)
+    steps = count_rows(gen)
+    finishing = count_finishing_steps(monkeypatch)
+    with counting_syncs(monkeypatch) as syncs:
+        out = gen.generate([model], as_device(sample))
+    assert_same(reference, out)  # counting changed nothing
+    search = {site: n for site, n in syncs.items() if "sequence_generator" in site}
+    # once per batch, before the loop: the output length limit of match_source_len
+    per_batch = (
+        {"sequence_generator.py:_output_limit": 1} if options.get("match_source_len") else {}
+    )
+    assert search == {STEP: len(steps), FINISH: len(finishing), **per_batch}, syncs
+    assert len(finishing) < len(steps)
+    if arch != "transformer":  # fairseq's transformer waits twice per step in its forward
+        model_syncs = {site: n for site, n in syncs.items() if site not in search}
+        assert sum(model_syncs.values()) <= 1, model_syncs  # the encoder's padding check
+
+
+def test_prefix_tokens_add_one_sync_per_batch(vocab, models, monkeypatch):
+    model = models["convs2s"][0]
+    sample = make_batch(vocab, 6, seed=4)
+    prefix = sample["net_input"]["src_tokens"][:, -3:].clone()
+    prefix[1, 1] = vocab.eos()  # a prefix that ends early
+    prefix[2, 2] = vocab.pad()  # and a free choice
+    gen = SequenceGenerator([model], vocab, beam_size=3, max_len_b=15)
+    reference = gen.generate([model], sample, prefix_tokens=prefix)
+    steps = count_rows(gen)
+    finishing = count_finishing_steps(monkeypatch)
+    with counting_syncs(monkeypatch) as syncs:
+        out = gen.generate([model], as_device(sample), prefix_tokens=as_device(prefix))
+    assert_same(reference, out)
+    assert syncs[STEP] == len(steps) and syncs[FINISH] == len(finishing)
+    assert syncs["to_host from sequence_generator.py:__init__"] == 1
+
+
+def test_a_real_wait_is_counted(vocab, models, monkeypatch):
+    """The counter itself: a .item() on a device tensor inside the loop would be seen."""
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=2, max_len_b=6)
+    steps = count_rows(gen)
+    decode_step = gen.model.decode_step
+
+    def waiting(*args, **kwargs):
+        lprobs, attn = decode_step(*args, **kwargs)
+        lprobs.max().item()
+        return lprobs, attn
+
+    gen.model.decode_step = waiting
+    with counting_syncs(monkeypatch) as syncs:
+        gen.generate([model], as_device(make_batch(vocab, 2, seed=1)))
+    assert syncs["test_host_syncs.py:waiting"] == len(steps), syncs
