@@ -7,24 +7,19 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import test_sequence_generator
 import torch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from test_sequence_generator import BUILDERS, VOCAB_WORDS, assert_same, count_rows, make_batch
+from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
 
 from beamplugin import SequenceGenerator
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-@pytest.fixture(scope="module")
-def vocab() -> Dictionary:
-    d = Dictionary()
-    for i in range(VOCAB_WORDS):
-        d.add_symbol(f"w{i}")
-    d.finalize(padding_factor=1)
-    return d
+vocab = test_sequence_generator.vocab  # the same module-scoped fixture
 
 
 def on_cuda(sample: dict) -> dict:
