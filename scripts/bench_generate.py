@@ -45,8 +45,9 @@ from fairseq.models.fconv import FConvModel
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
+import beamplugin.sequence_generator as generator_module
 from beamplugin.models.convs2s import ConvS2SModel
-from beamplugin.sequence_generator import SequenceGenerator
+from beamplugin.sequence_generator import SequenceGenerator, _Search
 
 Batch = dict[str, Any]
 
@@ -184,7 +185,10 @@ class Timers:
         self.cuda = device.type == "cuda"
 
     def wrap(self, owner: Any, name: str, category: str) -> Callable[[], None]:
+        """Time ``owner.name`` (a method of an instance, or a function of a class or module)
+        under ``category``; the returned function undoes it."""
         original = getattr(owner, name)
+        own = vars(owner).get(name)  # what to put back: the class's or module's own attribute
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self.cuda:
@@ -201,7 +205,7 @@ class Timers:
                 self.calls[name] = self.calls.get(name, 0) + 1
 
         setattr(owner, name, timed)
-        return lambda: delattr(owner, name) if name in vars(owner) else None
+        return lambda: setattr(owner, name, own) if own is not None else delattr(owner, name)
 
 
 def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
@@ -213,6 +217,32 @@ def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
         names = {"forward_encoder": "forward", "forward_decoder": "forward"}
         names |= {"reorder_incremental_state": "reorder", "reorder_encoder_out": "reorder"}
     return [timers.wrap(model, name, category) for name, category in names.items()]
+
+
+# The parts of our generator's bookkeeping, timed on their own (advance includes the state
+# reorder, which is subtracted).
+BOOKKEEPING_PARTS = {
+    (generator_module, "beam_step"): "candidate search",
+    (_Search, "step_status"): "stop check",
+    (_Search, "mask"): "masking",
+    (_Search, "advance"): "history advance",
+    (_Search, "finish"): "finished hypotheses",
+}
+
+
+def bookkeeping_parts(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> str:
+    """Shares of a run spent in each part of our generator's bookkeeping."""
+    timers = Timers(next(model.parameters()).device)
+    restore = [timers.wrap(owner, name, part) for (owner, name), part in BOOKKEEPING_PARTS.items()]
+    restore += [timers.wrap(generator.model, "reorder_states", "state reorder")]
+    total = run(generator, model, batches)[0]
+    for undo in restore:
+        undo()
+    seconds = timers.seconds
+    seconds["history advance"] = seconds.get("history advance", 0.0) - seconds.pop(
+        "state reorder", 0.0
+    )
+    return ", ".join(f"{part} {100 * t / total:.1f}%" for part, t in seconds.items())
 
 
 def run(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> tuple[float, list]:
@@ -336,6 +366,10 @@ def main() -> None:
                 f"{name:13s} {shares[0]:5.1f}% / {shares[1]:5.1f}% / {shares[2]:5.1f}%   "
                 f"(everything but forwards: {shares[1] + shares[2]:.1f}%)"
             )
+        print("our bookkeeping by part (instrumented pass, shares of the run)")
+        for name, (generator, model) in systems.items():
+            if isinstance(generator, SequenceGenerator):
+                print(f"{name:13s} {bookkeeping_parts(generator, model, batches)}")
         if device.type == "cuda":
             print("host synchronisations (torch.cuda.set_sync_debug_mode)")
             for name, (generator, model) in systems.items():
