@@ -1,4 +1,5 @@
-"""Time F.linear (MKL on CPU) against oneDNN's matmul for the decoder's product shapes.
+"""Time F.linear (MKL on CPU) against oneDNN's matmul, given the plain weight or the packed one
+that beamplugin's modules keep, for the decoder's product shapes.
 
 Backs the choice in beamplugin/modules/linear.py. Runs interleaved rounds and prints the median
 microseconds per product and the ratio; "cold" first streams 64 MiB through the caches, as a
@@ -46,16 +47,21 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     flush = torch.zeros(64 * 1024 * 1024 // 4)
     print(f"# torch {torch.__version__}, {args.threads} threads; median us per product")
-    print(f"{'out x in':>12} {'rows':>5} {'cache':>5} {'F.linear':>9} {'oneDNN':>9} {'ratio':>6}")
+    print(
+        f"{'out x in':>12} {'rows':>5} {'cache':>5} {'F.linear':>9} {'oneDNN':>9} "
+        f"{'packed':>9} {'F.linear/packed':>16}"
+    )
     with torch.no_grad():
         for out_features, in_features in SHAPES:
             weight = torch.randn(out_features, in_features) / in_features**0.5
             bias = torch.randn(out_features)
+            packed = linear_module.pack_weight(weight)
             for rows in ROWS:
                 x = torch.randn(rows, in_features)
                 products = {
                     "mkl": lambda x=x, w=weight, b=bias: F.linear(x, w, b),
                     "onednn": lambda x=x, w=weight, b=bias: onednn(x, w, b, "none", [], ""),
+                    "packed": lambda x=x, w=packed, b=bias: onednn(x, w, b, "none", [], ""),
                 }
                 for cache, flushing in (("hot", None), ("cold", flush)):
                     times: dict[str, list[float]] = {name: [] for name in products}
@@ -63,10 +69,10 @@ def main() -> None:
                         for name, product in products.items():
                             product()  # warm-up (and oneDNN's primitive cache)
                             times[name].append(timed(product, flushing, args.calls))
-                    mkl, dnn = (statistics.median(times[name]) for name in products)
+                    mkl, dnn, pack = (statistics.median(times[name]) for name in products)
                     print(
                         f"{out_features:>6} x {in_features:<4} {rows:>5} {cache:>5} "
-                        f"{mkl:9.0f} {dnn:9.0f} {mkl / dnn:6.2f}"
+                        f"{mkl:9.0f} {dnn:9.0f} {pack:9.0f} {mkl / pack:16.2f}"
                     )
 
 

@@ -1,15 +1,26 @@
-"""The model's products: oneDNN for large float32 weights on CPU without autograd, F.linear
-otherwise, and the same results up to rounding."""
+"""The model's products: oneDNN for large float32 weights on CPU without autograd (with a packed
+weight the modules keep), F.linear otherwise, and the same results up to rounding."""
+
+import copy
+import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from beamplugin.modules import linear as linear_module
-from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, Linear, linear, uses_onednn
+from beamplugin.modules.linear import (
+    ONEDNN_MIN_WEIGHTS,
+    Linear,
+    linear,
+    pack_weight,
+    uses_onednn,
+)
+from beamplugin.modules.weight_norm import WeightNormLinear
 
 needs_onednn = pytest.mark.skipif(
-    linear_module._onednn_linear is None, reason="this torch build has no oneDNN"
+    linear_module._onednn_linear is None or linear_module._onednn_pack is None,
+    reason="this torch build has no oneDNN (or no packing for it)",
 )
 
 
@@ -48,4 +59,43 @@ def test_gradients_flow_through_the_training_path():
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
     with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [1, 5, 37, 320])
+def test_packed_weight_gives_the_same_bits_whatever_the_rows(rows):
+    weight, bias = large_weight()
+    packed = pack_weight(weight)
+    x = torch.randn(320, 256)
+    with torch.no_grad():
+        everything = linear(x, weight, bias, packed)
+        alone = linear(x[:rows], weight, bias, packed)
+        plain = linear(x[:rows], weight, bias)
+    assert torch.equal(alone, everything[:rows])  # a row's result does not depend on the batch
+    torch.testing.assert_close(alone, plain, rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+@pytest.mark.parametrize("module", ["Linear", "WeightNormLinear"])
+def test_modules_keep_the_packed_weight_until_parameters_change(module):
+    torch.manual_seed(1)
+    out_features = ONEDNN_MIN_WEIGHTS // 256 + 8
+    layer = (Linear if module == "Linear" else WeightNormLinear)(256, out_features).eval()
+    x = torch.randn(5, 256)
+    with torch.no_grad():
+        first = layer(x)
+        assert any(name.endswith("packed") for name in layer._cache)
+        torch.testing.assert_close(first, F.linear(x, layer.weight, layer.bias))
+        # copies and pickles leave the packed (uncopyable) tensor out and recompute it
+        assert torch.equal(copy.deepcopy(layer)(x), first)
+        assert torch.equal(pickle.loads(pickle.dumps(layer))(x), first)
+        # fairseq's optimizers write through .data between train() and eval()
+        layer.train()
+        parameter = layer.weight if module == "Linear" else layer.weight_v
+        parameter.data.mul_(2)
+        layer.eval()
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+        # a state dict load bumps the versions
+        layer.load_state_dict({k: v * 0.5 for k, v in layer.state_dict().items()})
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))

@@ -70,8 +70,10 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
                 buffer = x.new_zeros(bsz, self.kernel_size, self.in_channels)
             x = torch.cat((buffer[:, 1:], x), dim=1)
             self.set_incremental_state(incremental_state, "input_buffer", x)
+        x = x.view(bsz, -1)
         weight = self.derived_weight("linearized", self._linearize)
-        return linear(x.view(bsz, -1), weight, self.bias).view(bsz, 1, -1)
+        packed = self.packed(x, "linearized", weight)
+        return linear(x, weight, self.bias, packed).view(bsz, 1, -1)
 
     def _linearize(self, weight: Tensor) -> Tensor:
         return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
