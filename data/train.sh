@@ -24,8 +24,29 @@ if [[ -f "$marker" && "$(cut -d' ' -f1 "$marker")" != "$MAX_EPOCH" ]]; then
   rm "$marker"
 fi
 begin_step "$STEP_NAME" || exit 0
-if [[ -f "$SAVE_DIR/checkpoint_last.pt" ]]; then
-  log "an earlier run stopped: resuming from $SAVE_DIR/checkpoint_last.pt"
+
+# Whether torch can read the checkpoint's archive and pickle (what it holds is checked on load).
+readable_checkpoint() {
+  "$PYTHON" -c 'import sys, torch
+try:
+    torch.serialization.get_unsafe_globals_in_checkpoint(sys.argv[1])
+except Exception:
+    sys.exit(1)' "$1"
+}
+last="$SAVE_DIR/checkpoint_last.pt" best="$SAVE_DIR/checkpoint_best.pt"
+if [[ -f "$last" ]] && ! readable_checkpoint "$last"; then
+  # fairseq writes its first checkpoint atomically but copies it to the others: a run stopped
+  # during that copy leaves checkpoint_last.pt truncated, and checkpoint_best.pt, written just
+  # before, holds the same state.
+  mv "$last" "$last.unreadable"
+  if [[ -f "$best" ]] && readable_checkpoint "$best"; then
+    cp "$best" "$last"
+    log "checkpoint_last.pt was cut short (kept as checkpoint_last.pt.unreadable); resuming from checkpoint_best.pt"
+  else
+    log "checkpoint_last.pt was cut short (kept as checkpoint_last.pt.unreadable); training from the start"
+  fi
+elif [[ -f "$last" ]]; then
+  log "an earlier run stopped: resuming from $last"
 fi
 
 mkdir -p "$WORK/logs"

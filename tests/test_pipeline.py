@@ -217,3 +217,23 @@ def test_training_runs_under_distributed_data_parallel_on_two_cpu_processes(demo
     assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ ", resumed.stdout)
     assert re.search(r"\| train \| epoch 002 \|.*\| num_updates " + str(2 * ddp) + " ",
                      resumed.stdout)
+
+
+def test_a_last_checkpoint_cut_short_resumes_from_the_best_one(demo):
+    """fairseq copies its atomically written first checkpoint to checkpoint_last.pt: a run
+    stopped during the copy leaves it truncated; the next run must still resume."""
+    work = demo["work"]
+    save = {"SAVE_DIR": str(work / "checkpoints-cut"), "STEP_NAME": "train-cut"}
+    first = run("train.sh", work=work, MAX_EPOCH="1", **save)
+    assert first.returncode == 0, first.stderr
+    last = work / "checkpoints-cut" / "checkpoint_last.pt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    resumed = run("train.sh", work=work, MAX_EPOCH="2", **save)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "checkpoint_last.pt was cut short" in resumed.stdout
+    assert "resuming from checkpoint_best.pt" in resumed.stdout
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ ", resumed.stdout)
+    assert (work / "checkpoints-cut" / "checkpoint_last.pt.unreadable").read_bytes() == data[
+        : len(data) // 2
+    ]
