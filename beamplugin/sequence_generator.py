@@ -65,7 +65,9 @@ class EnsembleDecoder(nn.Module):
     ) -> list[Any]:
         """The encoder outputs of ``sentences`` (indices into the current ones), laid out for
         ``rows_after`` decoder rows per sentence; the current ones serve ``rows_before``."""
-        copies = (sentences * rows_before).repeat_interleave(rows_after)
+        copies = None  # the rows of decoders that read the encoder output per row
+        if not all(self.per_sentence):
+            copies = (sentences * rows_before).repeat_interleave(rows_after)
         return [
             model.encoder.reorder_encoder_out(out, sentences if per_sentence else copies)
             for model, out, per_sentence in zip(

@@ -9,7 +9,6 @@ import torch
 from fairseq.incremental_decoding_utils import FairseqIncrementalState
 from torch import Tensor, nn
 
-from beamplugin.modules.linear import linear
 from beamplugin.modules.weight_norm import FoldedWeightNorm
 
 IncrementalState = dict[str, dict[str, Tensor | None]]
@@ -72,8 +71,7 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
             self.set_incremental_state(incremental_state, "input_buffer", x)
         x = x.view(bsz, -1)
         weight = self.derived_weight("linearized", self._linearize)
-        packed = self.packed(x, "linearized", weight)
-        return linear(x, weight, self.bias, packed).view(bsz, 1, -1)
+        return self.product(x, weight, self.bias, "linearized").view(bsz, 1, -1)
 
     def _linearize(self, weight: Tensor) -> Tensor:
         return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)

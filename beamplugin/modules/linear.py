@@ -49,9 +49,12 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Tensor | None
     ``packed``, if given, is :func:`pack_weight` of ``weight``."""
     if not uses_onednn(x, weight):
         return F.linear(x, weight, bias)
-    rows = x.reshape(-1, x.size(-1))
-    out = _onednn_linear(rows, weight if packed is None else packed, bias, "none", [], "")
-    return out.view(*x.shape[:-1], weight.size(0))
+    return _onednn_product(x, weight if packed is None else packed, bias, weight.size(0))
+
+
+def _onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
+    out = _onednn_linear(x.reshape(-1, x.size(-1)), weight, bias, "none", [], "")
+    return out.view(*x.shape[:-1], out_features)
 
 
 def pack_weight(weight: Tensor) -> Tensor | None:
@@ -63,7 +66,8 @@ class InferenceCache(nn.Module):
     """Keeps tensors derived from a module's parameters for inference (a folded, re-laid-out or
     packed weight) while those parameters are unchanged.
 
-    Entries are keyed by the parameters' version counters and storage, so a state dict load or
+    Entries are keyed by the version counters and storage of the module's own parameters, so a
+    state dict load or
     a torch optimizer step renews them; fairseq's optimizers write through ``p.data``, which
     bumps nothing, but run between ``train()`` and ``eval()``, which both drop the cache, as do
     moves and casts (``_apply``). Copies and pickles leave it out (packed oneDNN tensors cannot
@@ -75,21 +79,24 @@ class InferenceCache(nn.Module):
         self._cache: dict[str, Tensor | None] = {}
         self._cache_key: tuple[tuple[int, int], ...] | None = None
 
-    def cached(self, name: str, make: Callable[[], Tensor | None], *sources: Tensor) -> Any:
-        """``make()``, computed once while ``sources`` are unchanged."""
-        key = tuple((p._version, p.data_ptr()) for p in sources)
+    def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
+        """``make()``, computed once while the module's parameters are unchanged."""
+        key = tuple((p._version, p.data_ptr()) for p in self.parameters(recurse=False))
         if key != self._cache_key:
             self._cache, self._cache_key = {}, key
         if name not in self._cache:
             self._cache[name] = make()
         return self._cache[name]
 
-    def packed_for(self, x: Tensor, name: str, weight: Tensor, *sources: Tensor) -> Tensor | None:
-        """The packed ``weight`` (derived from ``sources``) if :func:`linear` takes oneDNN for
-        ``x``, else None."""
+    def product(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str = "weight"
+    ) -> Tensor:
+        """:func:`linear` of ``weight`` (this module's, or derived from its parameters and
+        cached under ``name``), whose oneDNN packing is kept."""
         if not uses_onednn(x, weight):
-            return None
-        return self.cached(f"{name} packed", lambda: pack_weight(weight), *sources)
+            return F.linear(x, weight, bias)
+        packed = self.cached(f"{name} packed", lambda: pack_weight(weight))
+        return _onednn_product(x, weight if packed is None else packed, bias, weight.size(0))
 
     def train(self, mode: bool = True) -> InferenceCache:
         self._cache, self._cache_key = {}, None  # training may change parameters behind our back
@@ -107,5 +114,4 @@ class Linear(InferenceCache, nn.Linear):
     """``nn.Linear`` (same parameters) computed with :func:`linear`."""
 
     def forward(self, x: Tensor) -> Tensor:
-        weight = self.weight
-        return linear(x, weight, self.bias, self.packed_for(x, "weight", weight, weight))
+        return self.product(x, self.weight, self.bias)

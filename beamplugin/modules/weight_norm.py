@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from beamplugin.modules.linear import InferenceCache, linear
+from beamplugin.modules.linear import InferenceCache
 
 
 class FoldedWeightNorm(InferenceCache):
@@ -31,7 +31,7 @@ class FoldedWeightNorm(InferenceCache):
     def weight(self) -> Tensor:
         if torch.is_grad_enabled():
             return self._fold()
-        return self.cached("weight", self._fold, self.weight_g, self.weight_v)
+        return self.cached("weight", self._fold)
 
     def _fold(self) -> Tensor:
         return torch._weight_norm(self.weight_v, self.weight_g, self.norm_dim)
@@ -40,12 +40,7 @@ class FoldedWeightNorm(InferenceCache):
         """``derive(weight)`` (e.g. another layout for decoding), cached with the folded weight."""
         if torch.is_grad_enabled():
             return derive(self.weight)
-        return self.cached(name, lambda: derive(self.weight), self.weight_g, self.weight_v)
-
-    def packed(self, x: Tensor, name: str, weight: Tensor) -> Tensor | None:
-        """:func:`pack_weight` of ``weight`` (the folded weight or one derived from it) where
-        :func:`linear` takes oneDNN for ``x``."""
-        return self.packed_for(x, name, weight, self.weight_g, self.weight_v)
+        return self.cached(name, lambda: derive(self.weight))
 
 
 class WeightNormLinear(FoldedWeightNorm):
@@ -59,8 +54,7 @@ class WeightNormLinear(FoldedWeightNorm):
         self.out_features = out_features
 
     def forward(self, x: Tensor) -> Tensor:
-        weight = self.weight
-        return linear(x, weight, self.bias, self.packed(x, "weight", weight))
+        return self.product(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
