@@ -529,3 +529,26 @@ def test_forward_matches_generate(vocab, models):
     gen = SequenceGenerator([model], vocab, beam_size=2, max_len_b=10)
     assert_same(gen.generate([model], sample), gen(sample))
     assert math.isfinite(float(gen(sample)[0][0]["score"]))
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_outputs_are_ordinary_tensors_and_the_model_still_learns(vocab, arch):
+    """The search runs under torch.inference_mode. What it returns must be ordinary tensors
+    (fairseq-generate divides the positional scores in place), and nothing it leaves in the model
+    may break a later backward pass (fairseq-train decodes during validation, then trains on)."""
+    model = BUILDERS[arch](vocab, 4)
+    sample = make_batch(vocab, 3, seed=16)
+    out = SequenceGenerator([model], vocab, beam_size=2, max_len_b=10).generate([model], sample)
+    for hypo in (hypo for hypos in out for hypo in hypos):
+        assert not any(hypo[key].is_inference() for key in ("tokens", "score", "attention"))
+        before = hypo["positional_scores"].clone()
+        hypo["positional_scores"].div_(math.log(2))
+        torch.testing.assert_close(hypo["positional_scores"], before / math.log(2))
+    src = sample["net_input"]["src_tokens"]
+    for train in (False, True):  # gradients through the eval-mode model too
+        model.train(train)
+        model.zero_grad()
+        logits = model(src, sample["net_input"]["src_lengths"], prev_output_tokens=src)[0]
+        logits.logsumexp(-1).sum().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
