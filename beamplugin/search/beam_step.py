@@ -107,7 +107,7 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     chunks = lprobs.reshape(-1, chunk)  # [bsz * in_beam * per_beam, chunk]
     # fl(max + s) == max(fl(x + s)): rounding is monotone, so these are the chunks' best totals
     chunk_best = chunks.amax(1).view(bsz, in_beam, per_beam).add_(scores.unsqueeze(2))
-    best_chunks = torch.topk(chunk_best.view(bsz, -1), k).indices.sort(dim=1).values
+    best_chunks = torch.topk(chunk_best.view(bsz, -1), k).indices  # best first
     # index_select of whole rows: 4x faster than a gather of an expanded index at 64 sentences
     first_chunk = torch.arange(0, chunks.size(0), in_beam * per_beam, device=lprobs.device)
     picked = chunks.index_select(0, (best_chunks + first_chunk.unsqueeze(1)).view(-1))
