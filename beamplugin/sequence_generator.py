@@ -9,6 +9,8 @@ equal fairseq's; on top of that:
   is identical for all beams of a sentence, so per-step beam reorders never touch it);
 * the per-step work is a handful of tensor ops with one host synchronisation (the "did anything
   finish?" check); Python only runs when hypotheses actually finish, and then with one more;
+* the search runs under ``torch.inference_mode`` (cheaper ops); what it returns are ordinary
+  tensors;
 * ``stopping="exact"`` keeps searching while an alive hypothesis can still beat the worst
   finished one, ``length_penalty_style="gnmt"`` normalises by ``((5 + len) / 6) ** lenpen``;
 * ``no_repeat_ngram_size`` blocks n-grams with the same vectorised code on CPU and CUDA.
