@@ -119,3 +119,21 @@ def test_bad_generation_options_fail_naming_the_option(trained, options, message
     assert out.returncode != 0
     assert re.search(rf"Error: .*{message}", out.stderr), out.stderr[-1500:]
     assert "H-" not in out.stdout
+
+
+def test_training_goes_on_after_bleu_validation_with_our_generator(tmp_path):
+    """--eval-bleu decodes the valid set with our generator (under inference mode) between
+    updates; training must carry on from there, through its backward passes."""
+    data = binarized_toy_corpus(tmp_path)
+    out = run_tool(
+        "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1",
+        "--max-tokens", "2000", "--max-update", "6", "--save-dir", str(tmp_path / "ckpt"),
+        "--cpu", "--no-progress-bar", "--seed", "1", "--eval-bleu",
+        "--eval-bleu-args", '{"beam": 2, "max_len_b": 10}', "--validate-interval-updates", "2",
+    )  # fmt: skip
+    log = out.stdout + out.stderr
+    validation = r"valid on 'valid' subset .*\| bleu [\d.]+ .*num_updates (\d+)"
+    validated = [int(n) for n in re.findall(validation, log)]
+    assert validated[:2] == [2, 3] and validated[-1] == 6, validated
+    assert "done training" in log
