@@ -44,17 +44,22 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
     )
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)``, through oneDNN where that is faster (see module doc);
-    ``packed``, if given, is :func:`pack_weight` of ``weight``."""
+def linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    packed: Callable[[], Tensor | None] | None = None,
+) -> Tensor:
+    """``F.linear(x, weight, bias)``, through oneDNN where that is faster (see module doc).
+    ``packed``, if given, returns :func:`pack_weight` of ``weight``; it is only called on the
+    oneDNN path (a cache lookup or a packing that the other path does not need)."""
     if not uses_onednn(x, weight):
         return F.linear(x, weight, bias)
-    return _onednn_product(x, weight if packed is None else packed, bias, weight.size(0))
-
-
-def _onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None, out_features: int) -> Tensor:
-    out = _onednn_linear(x.reshape(-1, x.size(-1)), weight, bias, "none", [], "")
-    return out.view(*x.shape[:-1], out_features)
+    layout = packed() if packed is not None else None
+    out = _onednn_linear(
+        x.reshape(-1, x.size(-1)), weight if layout is None else layout, bias, "none", [], ""
+    )
+    return out.view(*x.shape[:-1], weight.size(0))
 
 
 def pack_weight(weight: Tensor) -> Tensor | None:
@@ -81,7 +86,8 @@ class InferenceCache(nn.Module):
 
     def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
         """``make()``, computed once while the module's parameters are unchanged."""
-        key = tuple((p._version, p.data_ptr()) for p in self.parameters(recurse=False))
+        # _parameters, not parameters(): this runs for every product of every decoder step
+        key = tuple((p._version, p.data_ptr()) for p in self._parameters.values() if p is not None)
         if key != self._cache_key:
             self._cache, self._cache_key = {}, key
         if name not in self._cache:
@@ -93,10 +99,9 @@ class InferenceCache(nn.Module):
     ) -> Tensor:
         """:func:`linear` of ``weight`` (this module's, or derived from its parameters and
         cached under ``name``), whose oneDNN packing is kept."""
-        if not uses_onednn(x, weight):
-            return F.linear(x, weight, bias)
-        packed = self.cached(f"{name} packed", lambda: pack_weight(weight))
-        return _onednn_product(x, weight if packed is None else packed, bias, weight.size(0))
+        return linear(
+            x, weight, bias, lambda: self.cached(f"{name} packed", lambda: pack_weight(weight))
+        )
 
     def train(self, mode: bool = True) -> InferenceCache:
         self._cache, self._cache_key = {}, None  # training may change parameters behind our back
