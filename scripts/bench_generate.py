@@ -15,7 +15,8 @@ weight norm removed, BeamableMM in fconv, no attention kept). Prints the median 
 the median speed-up against fairseq, whether the outputs agree (tokens of every hypothesis, scores
 within 1e-4), and, from a separate instrumented pass, where the time goes: model forwards
 (encoder and decoder steps), reordering of the decoder states / encoder output, and the rest
-(search bookkeeping).
+(search bookkeeping); and how many tensor operations our generator makes per decoder step outside
+the forwards, by part (on small batches their number, not their size, sets that time).
 
     python scripts/bench_generate.py --path ckpt/checkpoint_best.pt --data data-bin \\
         --batch-sizes 1 64 --beam 5 --threads 2 --max-sentences 200
@@ -30,6 +31,7 @@ around each forward on CUDA (else kernel launches, not kernels, would be timed).
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 import warnings
@@ -43,6 +45,7 @@ from fairseq.data import Dictionary, data_utils
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from fairseq.models.fconv import FConvModel
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
 import beamplugin.sequence_generator as generator_module
@@ -188,7 +191,6 @@ class Timers:
         """Time ``owner.name`` (a method of an instance, or a function of a class or module)
         under ``category``; the returned function undoes it."""
         original = getattr(owner, name)
-        own = vars(owner).get(name)  # what to put back: the class's or module's own attribute
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self.cuda:
@@ -204,8 +206,14 @@ class Timers:
                 )
                 self.calls[name] = self.calls.get(name, 0) + 1
 
-        setattr(owner, name, timed)
-        return lambda: setattr(owner, name, own) if own is not None else delattr(owner, name)
+        return replace(owner, name, timed)
+
+
+def replace(owner: Any, name: str, replacement: Callable) -> Callable[[], None]:
+    """Put ``replacement`` in place of ``owner.name``; the returned function undoes it."""
+    own = vars(owner).get(name)  # what to put back: the class's or module's own attribute
+    setattr(owner, name, replacement)
+    return lambda: setattr(owner, name, own) if own is not None else delattr(owner, name)
 
 
 def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
@@ -243,6 +251,60 @@ def bookkeeping_parts(generator: Any, model: torch.nn.Module, batches: list[Batc
         "state reorder", 0.0
     )
     return ", ".join(f"{part} {100 * t / total:.1f}%" for part, t in seconds.items())
+
+
+class OperationCounter(TorchDispatchMode):
+    """Counts the tensor operations (ATen calls, views included) made outside model forwards,
+    by the part of the generator that made them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.part = "generator loop"
+        self.forwards = 0  # > 0 inside a model forward
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        if not self.forwards:
+            self.counts[self.part] += 1
+        return func(*args, **(kwargs or {}))
+
+    def inside(self, owner: Any, name: str, part: str | None) -> Callable[[], None]:
+        """Attribute the operations of ``owner.name`` to ``part`` (None: a forward, not counted)."""
+        original = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            outer = self.part
+            self.part = part or outer
+            self.forwards += part is None
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.part = outer
+                self.forwards -= part is None
+
+        return replace(owner, name, counted)
+
+
+def operations_per_step(
+    generator: Any, model: torch.nn.Module, batches: list[Batch]
+) -> tuple[int, list[tuple[str, float]]]:
+    """(decoder steps, tensor operations per step outside the forwards by part): on a small
+    batch each operation costs a few microseconds whatever its size, so their number sets the
+    floor of the bookkeeping time."""
+    counter = OperationCounter()
+    steps = decoder_steps(generator)
+    parts = {**BOOKKEEPING_PARTS, (generator.model, "reorder_states"): "state reorder"}
+    parts |= {(generator.model, "select_sentences"): "encoder reorder"}
+    parts |= {(generator.model, "encode"): None, (generator.model, "decode_step"): None}
+    restore = [counter.inside(owner, name, part) for (owner, name), part in parts.items()]
+    with counter:
+        run(generator, model, batches)
+    for undo in reversed(restore):
+        undo()
+    decoder_steps_made = steps()
+    return decoder_steps_made, [
+        (part, n / decoder_steps_made) for part, n in counter.counts.most_common()
+    ]
 
 
 def run(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> tuple[float, list]:
@@ -352,6 +414,7 @@ def main() -> None:
                 f"speed-up x{base / median:5.2f}  outputs equal to fairseq: {same}/{total}"
             )
         print("time split (instrumented pass): forward / state+encoder reorder / bookkeeping")
+        outside_forwards: dict[str, float] = {}
         for name, (generator, model) in systems.items():
             timers = Timers(device)
             restore = instrument(generator, timers)
@@ -361,6 +424,7 @@ def main() -> None:
             forward = timers.seconds.get("forward", 0.0)
             reorder = timers.seconds.get("reorder", 0.0)
             rest = total_time - forward - reorder
+            outside_forwards[name] = total_time - forward
             shares = [100 * part / total_time for part in (forward, reorder, rest)]
             print(
                 f"{name:13s} {shares[0]:5.1f}% / {shares[1]:5.1f}% / {shares[2]:5.1f}%   "
@@ -370,6 +434,17 @@ def main() -> None:
         for name, (generator, model) in systems.items():
             if isinstance(generator, SequenceGenerator):
                 print(f"{name:13s} {bookkeeping_parts(generator, model, batches)}")
+        print(
+            "our tensor operations outside the forwards (dispatch count, views included; "
+            "time each: everything but forwards / operations)"
+        )
+        for name, (generator, model) in systems.items():
+            if isinstance(generator, SequenceGenerator):
+                steps, counts = operations_per_step(generator, model, batches)
+                per_step = sum(n for _, n in counts)
+                cost = outside_forwards[name] / (per_step * steps)
+                listed = ", ".join(f"{part} {n:.1f}" for part, n in counts)
+                print(f"{name:13s} {per_step:.1f} per step, {1e6 * cost:.1f} us each: {listed}")
         if device.type == "cuda":
             print("host synchronisations (torch.cuda.set_sync_debug_mode)")
             for name, (generator, model) in systems.items():
