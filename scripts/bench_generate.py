@@ -238,11 +238,15 @@ BOOKKEEPING_PARTS = {
 }
 
 
+def parts(generator: Any) -> dict[tuple[Any, str], str]:
+    """BOOKKEEPING_PARTS and the state reorder (done inside the history advance)."""
+    return {**BOOKKEEPING_PARTS, (generator.model, "reorder_states"): "state reorder"}
+
+
 def bookkeeping_parts(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> str:
     """Shares of a run spent in each part of our generator's bookkeeping."""
     timers = Timers(next(model.parameters()).device)
-    restore = [timers.wrap(owner, name, part) for (owner, name), part in BOOKKEEPING_PARTS.items()]
-    restore += [timers.wrap(generator.model, "reorder_states", "state reorder")]
+    restore = [timers.wrap(owner, name, part) for (owner, name), part in parts(generator).items()]
     total = run(generator, model, batches)[0]
     for undo in restore:
         undo()
@@ -262,6 +266,7 @@ class OperationCounter(TorchDispatchMode):
         self.part = "generator loop"
         self.forwards = 0  # > 0 inside a model forward
         self.counts: collections.Counter = collections.Counter()
+        self.calls: collections.Counter = collections.Counter()  # of the methods watched
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         if not self.forwards:
@@ -273,6 +278,7 @@ class OperationCounter(TorchDispatchMode):
         original = getattr(owner, name)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
             outer = self.part
             self.part = part or outer
             self.forwards += part is None
@@ -292,19 +298,16 @@ def operations_per_step(
     batch each operation costs a few microseconds whatever its size, so their number sets the
     floor of the bookkeeping time."""
     counter = OperationCounter()
-    steps = decoder_steps(generator)
-    parts = {**BOOKKEEPING_PARTS, (generator.model, "reorder_states"): "state reorder"}
-    parts |= {(generator.model, "select_sentences"): "encoder reorder"}
-    parts |= {(generator.model, "encode"): None, (generator.model, "decode_step"): None}
-    restore = [counter.inside(owner, name, part) for (owner, name), part in parts.items()]
+    watched: dict[tuple[Any, str], str | None] = {**parts(generator)}
+    watched[generator.model, "select_sentences"] = "encoder reorder"
+    watched |= {(generator.model, "encode"): None, (generator.model, "decode_step"): None}
+    restore = [counter.inside(owner, name, part) for (owner, name), part in watched.items()]
     with counter:
         run(generator, model, batches)
-    for undo in reversed(restore):
+    for undo in restore:
         undo()
-    decoder_steps_made = steps()
-    return decoder_steps_made, [
-        (part, n / decoder_steps_made) for part, n in counter.counts.most_common()
-    ]
+    steps = counter.calls["decode_step"]
+    return steps, [(part, n / steps) for part, n in counter.counts.most_common()]
 
 
 def run(generator: Any, model: torch.nn.Module, batches: list[Batch]) -> tuple[float, list]:
