@@ -48,9 +48,13 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
-import beamplugin.sequence_generator as generator_module
+import beamplugin.engine as engine_module
+from beamplugin.engine import DecodingEngine
+from beamplugin.ensemble import ReorderedMemory
+from beamplugin.log_prob_rules import LogProbRules
 from beamplugin.models.convs2s import ConvS2SModel
-from beamplugin.sequence_generator import SequenceGenerator, _Search
+from beamplugin.modules import AttentionMemoryPool
+from beamplugin.sequence_generator import SequenceGenerator
 
 Batch = dict[str, Any]
 
@@ -219,22 +223,28 @@ def replace(owner: Any, name: str, replacement: Callable) -> Callable[[], None]:
 def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
     model = generator.model
     if isinstance(generator, SequenceGenerator):
-        names = {"encode": "forward", "decode_step": "forward"}
-        names |= {"reorder_states": "reorder", "select_sentences": "reorder"}
+        names = {"encode": "forward", "decode_step": "forward", "reorder_states": "reorder"}
+        memories = [timers.wrap(m, "rearrange", "reorder") for m in ENCODER_MEMORIES]
     else:
         names = {"forward_encoder": "forward", "forward_decoder": "forward"}
         names |= {"reorder_incremental_state": "reorder", "reorder_encoder_out": "reorder"}
-    return [timers.wrap(model, name, category) for name, category in names.items()]
+        memories = []
+    return [timers.wrap(model, name, category) for name, category in names.items()] + memories
+
+
+# Where our generator keeps the encoder output: moved when sentences leave.
+ENCODER_MEMORIES = (AttentionMemoryPool, ReorderedMemory)
 
 
 # The parts of our generator's bookkeeping, timed on their own (advance includes the state
 # reorder, which is subtracted).
 BOOKKEEPING_PARTS = {
-    (generator_module, "beam_step"): "candidate search",
-    (_Search, "step_status"): "stop check",
-    (_Search, "mask"): "masking",
-    (_Search, "advance"): "history advance",
-    (_Search, "finish"): "finished hypotheses",
+    (engine_module, "beam_step"): "candidate search",
+    (DecodingEngine, "_status"): "stop check",
+    (LogProbRules, "apply"): "masking",
+    (DecodingEngine, "_advance"): "history advance",
+    (DecodingEngine, "_finish"): "finished hypotheses",
+    (DecodingEngine, "_retire"): "retiring",
 }
 
 
@@ -299,7 +309,7 @@ def operations_per_step(
     floor of the bookkeeping time."""
     counter = OperationCounter()
     watched: dict[tuple[Any, str], str | None] = {**parts(generator)}
-    watched[generator.model, "select_sentences"] = "encoder reorder"
+    watched |= {(memory, "rearrange"): "encoder reorder" for memory in ENCODER_MEMORIES}
     watched |= {(generator.model, "encode"): None, (generator.model, "decode_step"): None}
     restore = [counter.inside(owner, name, part) for (owner, name), part in watched.items()]
     with counter:

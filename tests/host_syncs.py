@@ -21,7 +21,18 @@ import pytest
 import torch
 from torch import Tensor
 
-import beamplugin.sequence_generator as generator_module
+import beamplugin.engine
+import beamplugin.ensemble
+import beamplugin.log_prob_rules
+import beamplugin.modules.attention
+
+# The modules that move tensors between the host and the device (with host_transfer's helpers).
+TRANSFERRING_MODULES = [
+    beamplugin.engine,
+    beamplugin.ensemble,
+    beamplugin.log_prob_rules,
+    beamplugin.modules.attention,
+]
 
 T = Tensor
 WAITING_CALLS = {
@@ -93,8 +104,10 @@ def counting_syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Coun
         host = values if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
         return host.as_subclass(DeviceTensor)
 
-    monkeypatch.setattr(generator_module, "to_host", to_host)
-    monkeypatch.setattr(generator_module, "to_device", to_device)
+    for module in TRANSFERRING_MODULES:
+        if hasattr(module, "to_host"):
+            monkeypatch.setattr(module, "to_host", to_host)
+        monkeypatch.setattr(module, "to_device", to_device)
     DeviceTensor.syncs = syncs
     try:
         yield syncs

@@ -198,18 +198,24 @@ def test_length_normalisers():
         ([2, 5, 5], 2, {5}),
         ([2, 5, 6], 1, {5, 6}),  # unigrams: every generated token, not BOS
         ([2, 5], 3, set()),  # too short
+        # left-padded (pad = 1), as rows of sentences at different steps are
+        ([1, 1, 2, 5, 6], 1, {5, 6}),
+        ([1, 2, 5, 6, 5], 2, {6}),
+        ([1, 1, 2, 5, 5], 2, {5}),
+        ([1, 1, 1, 2, 5], 3, set()),
+        ([1, 1, 1, 1, 2], 2, set()),
     ],
 )
 def test_block_repeated_ngrams(tokens, n, banned):
     lprobs = torch.full((2, 8), -1.0)
     rows = torch.tensor([tokens, tokens])
-    block_repeated_ngrams(rows, lprobs, n)
+    block_repeated_ngrams(rows, lprobs, n, 1)
     for row in lprobs:
         assert {i for i, v in enumerate(row.tolist()) if v == -INF} == banned
 
 
 def test_block_repeated_ngrams_rows_are_independent():
     lprobs = torch.full((2, 8), -1.0)
-    block_repeated_ngrams(torch.tensor([[2, 4, 7, 4], [2, 4, 6, 5]]), lprobs, 2)
+    block_repeated_ngrams(torch.tensor([[2, 4, 7, 4], [2, 4, 6, 5]]), lprobs, 2, 1)
     assert lprobs[0, 7] == -INF and lprobs[0].isinf().sum() == 1
     assert not lprobs[1].isinf().any()

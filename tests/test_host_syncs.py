@@ -9,26 +9,27 @@ from host_syncs import as_device, counting_syncs
 from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
 
 from beamplugin import SequenceGenerator
-from beamplugin.sequence_generator import _Search
+from beamplugin.engine import DecodingEngine
 
 # the same module-scoped fixtures as the generator's tests
 vocab = test_sequence_generator.vocab
 models = test_sequence_generator.models
 
-STEP = "to_host from sequence_generator.py:step_status"
-FINISH = "to_host from sequence_generator.py:store"
+STEP = "to_host from engine.py:_status"
+FINISH = "to_host from engine.py:_store"
 
 
-def count_finishing_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    steps: list[int] = []
-    finish = _Search.finish
+def count_finishing_steps(monkeypatch: pytest.MonkeyPatch, steps: list[int]) -> set[int]:
+    """The steps (numbered by ``steps``, count_rows' record) in which hypotheses were stored."""
+    finishing: set[int] = set()
+    store = DecodingEngine._store
 
-    def recording(self, step, *args, **kwargs):
-        steps.append(step)
-        return finish(self, step, *args, **kwargs)
+    def recording(self, *args, **kwargs):
+        finishing.add(len(steps))
+        return store(self, *args, **kwargs)
 
-    monkeypatch.setattr(_Search, "finish", recording)
-    return steps
+    monkeypatch.setattr(DecodingEngine, "_store", recording)
+    return finishing
 
 
 @pytest.mark.parametrize("arch", sorted(BUILDERS))
@@ -49,14 +50,14 @@ def test_one_sync_per_step_and_one_per_finishing_step(vocab, models, arch, optio
     gen = SequenceGenerator([model], vocab, max_len_b=20, **options)
     reference = gen.generate([model], sample)
     steps = count_rows(gen)
-    finishing = count_finishing_steps(monkeypatch)
+    finishing = count_finishing_steps(monkeypatch, steps)
     with counting_syncs(monkeypatch) as syncs:
         out = gen.generate([model], as_device(sample))
     assert_same(reference, out)  # counting changed nothing
-    search = {site: n for site, n in syncs.items() if "sequence_generator" in site}
+    search = {site: n for site, n in syncs.items() if "engine.py" in site}
     # once per batch, before the loop: the output length limit of match_source_len
     per_batch = (
-        {"sequence_generator.py:_output_limit": 1} if options.get("match_source_len") else {}
+        {"to_host from engine.py:_output_limit": 1} if options.get("match_source_len") else {}
     )
     assert search == {STEP: len(steps), FINISH: len(finishing), **per_batch}, syncs
     assert len(finishing) < len(steps)
@@ -74,12 +75,12 @@ def test_prefix_tokens_add_one_sync_per_batch(vocab, models, monkeypatch):
     gen = SequenceGenerator([model], vocab, beam_size=3, max_len_b=15)
     reference = gen.generate([model], sample, prefix_tokens=prefix)
     steps = count_rows(gen)
-    finishing = count_finishing_steps(monkeypatch)
+    finishing = count_finishing_steps(monkeypatch, steps)
     with counting_syncs(monkeypatch) as syncs:
         out = gen.generate([model], as_device(sample), prefix_tokens=as_device(prefix))
     assert_same(reference, out)
     assert syncs[STEP] == len(steps) and syncs[FINISH] == len(finishing)
-    assert syncs["to_host from sequence_generator.py:__init__"] == 1
+    assert syncs["to_host from engine.py:admit"] == 1
 
 
 def test_a_real_wait_is_counted(vocab, models, monkeypatch):

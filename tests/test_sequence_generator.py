@@ -23,6 +23,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.modules import AttentionMemoryPool
 from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, uses_onednn
 
 VOCAB_WORDS = 24
@@ -273,11 +274,9 @@ def test_batch_shrinks_on_this_data(vocab, models, arch):
     assert len(set(rows)) >= 3, rows
 
 
-@pytest.mark.parametrize("arch", ["convs2s", "fconv"])
-def test_encoder_output_follows_sentences_not_beams(vocab, models, arch, monkeypatch):
-    """convs2s reads one encoder row per sentence: only leaving sentences shrink it. fconv
-    needs a row per decoder row: expanded once after the first step, then shrunk."""
-    model = models[arch][0]
+def test_fconv_encoder_output_follows_beams_and_shrinks(vocab, models, monkeypatch):
+    """fconv needs a row per decoder row: expanded once after encoding, then shrunk."""
+    model = models["fconv"][0]
     sizes: list[int] = []
     reorder = model.encoder.reorder_encoder_out
 
@@ -288,10 +287,30 @@ def test_encoder_output_follows_sentences_not_beams(vocab, models, arch, monkeyp
     monkeypatch.setattr(model.encoder, "reorder_encoder_out", recording)
     gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
     gen.generate([model], make_batch(vocab, 8, seed=3))
-    expanded = 4 if arch == "fconv" else 1
-    assert sizes[0] == 8 * expanded and len(sizes) >= 3
+    assert sizes[0] == 8 * 4 and len(sizes) >= 3
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
-    assert all(size % expanded == 0 for size in sizes)
+    assert all(size % 4 == 0 for size in sizes)
+
+
+def test_convs2s_encoder_memory_moves_only_for_leaving_sentences(vocab, models, monkeypatch):
+    """convs2s reads one encoder row per sentence, pooled: the encoder output is never copied
+    per beam nor reordered whole; a leaving sentence's slot takes one of the last sentences."""
+    model = models["convs2s"][0]
+    moves: list[tuple[int, int]] = []  # (sentences kept, slots that changed)
+    rearrange = AttentionMemoryPool.rearrange
+
+    def recording(pool, order):
+        moves.append((len(order), sum(slot != old for slot, old in enumerate(order))))
+        return rearrange(pool, order)
+
+    monkeypatch.setattr(AttentionMemoryPool, "rearrange", recording)
+    monkeypatch.setattr(model.encoder, "reorder_encoder_out", None)  # never called
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    gen.generate([model], make_batch(vocab, 8, seed=3))
+    kept = [8] + [k for k, _ in moves]
+    assert len(moves) >= 2 and kept == sorted(kept, reverse=True)
+    assert all(moved <= before - after for (after, moved), before in zip(moves, kept, strict=False))
+    assert sum(moved for _, moved in moves) > 0
 
 
 @pytest.mark.parametrize("arch", [*sorted(BUILDERS), "convs2s+fconv"])

@@ -28,6 +28,7 @@ from fairseq.modules import FairseqDropout, GradMultiply
 from torch import Tensor, nn
 
 from beamplugin.modules import (
+    AttentionMemoryPool,
     CausalConvolution,
     ConvAttention,
     LearnedPositions,
@@ -163,6 +164,10 @@ class ConvS2SEncoder(FairseqEncoder):
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
 
+    def memory_pool(self) -> AttentionMemoryPool:
+        """Where a search keeps the encoder output of sentences at different steps."""
+        return AttentionMemoryPool()
+
 
 class ConvS2SDecoder(FairseqIncrementalDecoder):
     """Embeddings + positions, causal convolution + GLU blocks each followed by attention over
@@ -178,6 +183,11 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     # (sentence-major) rows per sentence: beamplugin's generator then never copies the encoder
     # output per beam (see ConvAttention).
     reads_encoder_out_per_sentence = True
+    # Rows of sentences at different steps can share a forward: each row's position is counted
+    # in its own (left-padded) token history, a new sentence's rows start from zeroed state
+    # (reorder_incremental_state's fresh_rows), and the encoder memory is pooled per sentence
+    # (ConvS2SEncoder.memory_pool). See beamplugin.ensemble.
+    decodes_mixed_steps = True
 
     def __init__(
         self,
@@ -195,7 +205,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         self.register_buffer("version", torch.Tensor([DECODER_VERSION]))
         self.dropout_module = FairseqDropout(dropout, module_name=self.__class__.__name__)
         self.need_attn = True
-        padding_idx = dictionary.pad()
+        self.padding_idx = padding_idx = dictionary.pad()
         self.embed_tokens = token_embedding(dictionary, embed_dim, embed_path)
         self.embed_positions = LearnedPositions(max_positions, embed_dim, padding_idx)
         self.fc1 = WeightNormLinear(embed_dim, layers[0][0], dropout=dropout)
@@ -234,7 +244,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         incremental = incremental_state is not None
         if incremental:
             tokens = prev_output_tokens[:, -1:]
-            positions = self.embed_positions.at(prev_output_tokens.size(1))
+            # per row: rows of sentences at different steps are left-padded to one width
+            positions = self.embed_positions.at(prev_output_tokens.ne(self.padding_idx).sum(1))
         else:
             tokens = prev_output_tokens
             positions = self.embed_positions(prev_output_tokens)
@@ -270,13 +281,14 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return x, avg_attn
 
     def reorder_incremental_state(
-        self, incremental_state: IncrementalState, new_order: Tensor
+        self, incremental_state: IncrementalState, new_order: Tensor, fresh_rows: int = 0
     ) -> None:
         """Keep the rows of ``new_order`` in every convolution's input_buffer. ``new_order`` may
-        permute, repeat or drop rows. The encoder memory is not state: it lives in encoder_out,
-        which the generator reorders (only when sentences leave the batch, in ours)."""
+        permute, repeat or drop rows; the last ``fresh_rows`` rows of the result start afresh
+        (new sentences). The encoder memory is not state: it lives in encoder_out, which the
+        generator keeps per sentence."""
         for conv in self.convolutions:
-            conv.reorder_buffer(incremental_state, new_order)
+            conv.reorder_buffer(incremental_state, new_order, fresh_rows)
 
     def max_positions(self) -> int:
         return self.embed_positions.max_positions

@@ -1,6 +1,11 @@
 """Layers of the ConvS2S model (kept outside beamplugin/models, which fairseq auto-imports)."""
 
-from beamplugin.modules.attention import ConvAttention, EncoderMemory, encoder_memory
+from beamplugin.modules.attention import (
+    AttentionMemoryPool,
+    ConvAttention,
+    EncoderMemory,
+    encoder_memory,
+)
 from beamplugin.modules.convolution import CausalConvolution, TBCConvolution
 from beamplugin.modules.layer_spec import parse_attention_spec, parse_layer_spec
 from beamplugin.modules.linear import Linear
@@ -8,6 +13,7 @@ from beamplugin.modules.positions import LearnedPositions
 from beamplugin.modules.weight_norm import FoldedWeightNorm, WeightNormLinear
 
 __all__ = [
+    "AttentionMemoryPool",
     "CausalConvolution",
     "ConvAttention",
     "EncoderMemory",

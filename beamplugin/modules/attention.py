@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from beamplugin.host_transfer import to_device
 from beamplugin.modules.weight_norm import WeightNormLinear
 
 SQRT_HALF = math.sqrt(0.5)
@@ -69,3 +70,89 @@ class ConvAttention(nn.Module):
         context = torch.bmm(attn, memory["values"]) * memory["scale"]
         context = context.view(rows, steps, -1)
         return (self.out_projection(context) + residual) * SQRT_HALF, attn.view(rows, steps, -1)
+
+
+class AttentionMemoryPool:
+    """The attention memory of the sentences in flight, one slot per sentence, for a decoder
+    that mixes sentences of different steps in one forward (see beamplugin.ensemble).
+
+    Slots are rows of preallocated tensors (as :func:`encoder_memory` lays them out), all as wide
+    as the widest source in flight, shorter ones left-padded and masked. A new sentence is
+    written into its slot, a leaving one is replaced by moving a later sentence into its slot:
+    no step copies the whole pool. The pool widens when a longer source arrives and narrows once
+    the sources in flight need less than half its width.
+    """
+
+    def __init__(self) -> None:
+        self.memory: EncoderMemory = {}
+        self.widths: list[int] = []  # per live slot: its source width (own padding included)
+
+    @property
+    def width(self) -> int:
+        return self.memory["values"].size(1) if self.memory else 0
+
+    def write(self, first_slot: int, encoder_out: dict, count: int) -> None:
+        new = encoder_out["attention_memory"]
+        new_width = new["values"].size(1)
+        if first_slot == 0:  # a new batch: its memory becomes the pool as it is
+            self.memory, self.widths = dict(new), [new_width] * count
+            return
+        self.widths = self.widths[:first_slot] + [new_width] * count
+        width = max(self.widths)
+        capacity = self.memory["keys"].size(0)
+        if capacity < first_slot + count:
+            capacity = 2 * (first_slot + count)  # room to grow without reallocating each time
+        if (
+            self.memory["padding_mask"] is None
+            or self.width != width
+            or capacity != self.memory["keys"].size(0)
+        ):
+            self._reallocate(first_slot, capacity, width)
+        slots = slice(first_slot, first_slot + count)
+        pad = width - new_width
+        self.memory["keys"][slots, :, :pad] = 0
+        self.memory["keys"][slots, :, pad:] = new["keys"]
+        self.memory["values"][slots, :pad] = 0
+        self.memory["values"][slots, pad:] = new["values"]
+        self.memory["padding_mask"][slots, :, :pad] = True
+        new_mask = new["padding_mask"]
+        self.memory["padding_mask"][slots, :, pad:] = False if new_mask is None else new_mask
+        self.memory["scale"][slots] = new["scale"]
+
+    def _reallocate(self, live: int, capacity: int, width: int) -> None:
+        """New tensors of ``capacity`` slots and ``width``; the first ``live`` slots kept."""
+        old, kept = self.memory, min(width, self.width)
+        keys, values = old["keys"], old["values"]
+        self.memory = {
+            "keys": keys.new_zeros(capacity, keys.size(1), width),
+            "values": values.new_zeros(capacity, width, values.size(2)),
+            "padding_mask": torch.ones(capacity, 1, width, dtype=torch.bool, device=keys.device),
+            "scale": old["scale"].new_zeros(capacity, 1, 1),
+        }
+        self.memory["keys"][:live, :, -kept:] = keys[:live, :, -kept:]
+        self.memory["values"][:live, -kept:] = values[:live, -kept:]
+        if old["padding_mask"] is None:
+            self.memory["padding_mask"][:live, :, -kept:] = False
+        else:
+            self.memory["padding_mask"][:live, :, -kept:] = old["padding_mask"][:live, :, -kept:]
+        self.memory["scale"][:live] = old["scale"][:live]
+
+    def rearrange(self, order: list[int]) -> None:
+        moved = [(slot, old) for slot, old in enumerate(order) if slot != old]
+        self.widths = [self.widths[old] for old in order]
+        if moved:
+            slots, olds = to_device(list(zip(*moved, strict=True)), self.memory["keys"].device)
+            for tensor in self.memory.values():
+                if tensor is not None:
+                    tensor.index_copy_(0, slots, tensor.index_select(0, olds))
+        if self.widths and 2 * max(self.widths) < self.width:
+            self._reallocate(len(order), self.memory["keys"].size(0), max(self.widths))
+
+    def view(self, sentences: int) -> dict:
+        """The encoder output that the decoder reads for the first ``sentences`` slots."""
+        return {
+            "attention_memory": {
+                name: None if tensor is None else tensor[:sentences]
+                for name, tensor in self.memory.items()
+            }
+        }

@@ -76,8 +76,11 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
     def _linearize(self, weight: Tensor) -> Tensor:
         return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
 
-    def reorder_buffer(self, incremental_state: IncrementalState, new_order: Tensor) -> None:
-        """Keep the rows of ``new_order`` (a permutation, repetition or subset of the batch).
+    def reorder_buffer(
+        self, incremental_state: IncrementalState, new_order: Tensor, fresh_rows: int = 0
+    ) -> None:
+        """Keep the rows of ``new_order`` (a permutation, repetition or subset of the batch);
+        the last ``fresh_rows`` of the result are zeroed, as a new row starts.
 
         Not named reorder_incremental_state: fairseq calls that on every submodule, and the
         decoder already reorders its convolutions.
@@ -85,4 +88,6 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
         buffer = self.get_incremental_state(incremental_state, "input_buffer")
         if buffer is not None:
             buffer = buffer.index_select(0, new_order)
+            if fresh_rows:
+                buffer[-fresh_rows:] = 0
             self.set_incremental_state(incremental_state, "input_buffer", buffer)

@@ -24,6 +24,7 @@ class LearnedPositions(nn.Embedding):
         """Embeddings of the positions of batch x len tokens; padding gets the zero row."""
         return F.embedding(utils.make_positions(tokens, self.padding_idx), self.weight)
 
-    def at(self, length: int) -> Tensor:
-        """Embedding of the last position of a prefix of ``length`` tokens (no padding)."""
-        return self.weight[self.padding_idx + length]
+    def at(self, lengths: Tensor) -> Tensor:
+        """``[rows, 1, dim]``: per row, the embedding of the last position of a prefix of
+        ``lengths[row]`` tokens (padding not counted)."""
+        return F.embedding(lengths + self.padding_idx, self.weight).unsqueeze(1)

@@ -128,19 +128,23 @@ def length_normaliser(length: int, alpha: float, style: str) -> float:
     return length**alpha
 
 
-def block_repeated_ngrams(tokens: Tensor, lprobs: Tensor, ngram_size: int) -> Tensor:
+def block_repeated_ngrams(tokens: Tensor, lprobs: Tensor, ngram_size: int, pad: int) -> Tensor:
     """Set to -inf, in place, every next token that would repeat an n-gram of ``tokens``.
 
-    ``tokens`` is ``[rows, len]`` (each hypothesis so far, BOS included, no padding) and
-    ``lprobs`` ``[rows, vocab]``. Vectorised, so CPU and CUDA block the same n-grams
-    (fairseq's CPU fallback compares the padded tail of its buffer and blocks nothing).
+    ``tokens`` is ``[rows, len]``: each hypothesis so far, BOS included, left-padded with
+    ``pad`` where hypotheses of different lengths share the tensor. ``lprobs`` is
+    ``[rows, vocab]``. Vectorised, so CPU and CUDA block the same n-grams (fairseq's CPU
+    fallback compares the padded tail of its buffer and blocks nothing). Padding never matches:
+    a window that holds padding is followed by the row's BOS, which occurs once per row.
     """
     context = ngram_size - 1
     length = tokens.size(1)
     if length < max(ngram_size, 2):
         return lprobs
     if context == 0:  # unigrams: no generated token (BOS excluded) may come again
-        return lprobs.scatter_(1, tokens[:, 1:], -math.inf)
+        generated = tokens.ne(pad).cumsum(1).gt(1)  # after the padding and BOS
+        penalty = torch.zeros_like(tokens, dtype=lprobs.dtype).masked_fill_(generated, -math.inf)
+        return lprobs.scatter_add_(1, tokens, penalty)
     windows = tokens.unfold(1, context, 1)  # [rows, length - context + 1, context]
     # Earlier windows that have a follower, compared with the current last context.
     matches = windows[:, :-1].eq(windows[:, -1:]).all(dim=2)

@@ -1,0 +1,556 @@
+"""The decoding engine: admits sentences, advances all of them with one decoder forward per
+step, and retires those that are finished; new sentences can join while others are mid-search
+(continuous batching).
+
+Data flow of a step: the rows of every sentence in flight (sentence-major, ``beam`` rows each,
+one row for sentences that have not stepped yet when every model allows it) go through the
+decoder; the log-prob rules mask them; the beam step picks candidates; the n-best keepers take
+the hypotheses that end; finished sentences leave, and their slots go to the next sentences.
+
+Sentences at different steps can share a forward only when every model mixes steps (see
+beamplugin.ensemble); otherwise new sentences are admitted when the engine is empty, which is
+fairseq's batch-at-a-time decoding. A sentence's own state is all it depends on: its results
+are those it gets when decoded alone, whoever shares its steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from beamplugin.host_transfer import to_device, to_host
+from beamplugin.log_prob_rules import LogProbRules
+from beamplugin.search import beam_step, length_normaliser
+from beamplugin.search.nbest import Hypothesis, NBest
+
+if TYPE_CHECKING:
+    from beamplugin.sequence_generator import SequenceGenerator
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Request:
+    """Sentences admitted together.
+
+    Limits that depend on the source are computed per request, as fairseq computes them per
+    batch: ``max_len_a`` multiplies the request's (padded) width, ``match_source_len`` takes its
+    longest source. A request of one sentence gets limits from that sentence alone.
+    """
+
+    keys: list[Any]  # one per sentence: what its Finished result carries back
+    src_tokens: Tensor  # [sentences, width], left-padded, each row ending in EOS
+    src_lengths: Tensor | None = None  # [sentences] tokens without padding (counted if None)
+    prefix_tokens: Tensor | None = None  # [sentences, p] forced first tokens, pad: free choice
+    max_len: int = -1  # output tokens before EOS is forced: set by DecodingEngine.check
+
+    @property
+    def width(self) -> int:
+        return self.src_tokens.size(1)
+
+
+class Finished(NamedTuple):
+    """A sentence's hypotheses, best first, or why it could not be decoded."""
+
+    key: Any
+    hypotheses: list[Hypothesis]
+    error: Exception | None = None
+
+
+@dataclass(eq=False)
+class _Sentence:
+    """Host-side record of a sentence in flight."""
+
+    key: Any
+    src_tokens: Tensor  # its row of the request, padding included
+    width: int  # of its request: the source length fairseq's max_len_a and attention see
+    max_len: int  # output tokens before EOS is forced
+    prefix_len: int  # steps its forced prefix covers (its request's prefix width)
+    prefix_end: int  # step at which its prefix forces EOS, -1 if none does
+    nbest: NBest
+    step: int = 0  # output tokens it has
+
+
+class DecodingEngine:
+    """Beam search over sentences in flight, bounded by ``max_sentences`` sentences and
+    ``max_tokens`` (each sentence counts beam x its source width); ``None``: unbounded."""
+
+    def __init__(
+        self,
+        gen: SequenceGenerator,
+        max_sentences: int | None = None,
+        max_tokens: int | None = None,
+        bos_token: int | None = None,
+    ) -> None:
+        self.gen = gen
+        self.model = gen.model
+        self.beam = gen.beam_size
+        self.max_sentences, self.max_tokens = max_sentences, max_tokens
+        self.bos = gen.eos if bos_token is None else bos_token
+        self.rules = LogProbRules(gen)
+        self.live: list[_Sentence] = []
+        self.fresh = 0  # the last `fresh` live sentences were admitted since the last step
+        self.tokens_in_flight = 0
+        self.memories = self.model.encoder_memories(self.beam)
+        self.reorderers = self.model.reorderers()
+        self.states: list[dict] = []
+        # Per live sentence, on the device (rearranged as sentences come and go).
+        self.per_sentence: dict[str, Tensor] = {}
+        # Decoder rows: right-aligned histories, left-padded where sentences differ in step.
+        self.rows_per_sentence = 1
+        self.tokens = torch.empty(0, 1, dtype=torch.long)  # [rows, steps + 1] BOS first
+        self.cumulative: Tensor | None = None  # [rows, steps] cumulative score history
+        self.attention: Tensor | None = None  # [rows, steps, src] attention history
+        self.scores: Tensor | None = None  # [sentences, hypotheses] cumulative scores
+        self._pending: _Pending | None = None  # last step's result, applied by the next
+        self._offsets: dict[tuple[int, int], Tensor] = {}
+        self._steps_on_device: Tensor | None = None
+        self.device: torch.device | None = None
+        self.refills = 0  # sentences admitted while others were mid-search
+        if not self.model.mixes_steps and (max_sentences or max_tokens):
+            logger.info(
+                "these models cannot decode sentences at different steps in one forward: new "
+                "sentences are admitted when the batch is empty (no continuous batching)"
+            )
+
+    # ---- admission -------------------------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Raise ValueError if ``request`` can never be decoded here; else set its max_len."""
+        limit = self.model.max_source_positions()
+        if request.width > limit:
+            raise ValueError(
+                f"a source of {request.width} tokens is longer than the model accepts "
+                f"({limit} tokens, end of sentence included)"
+            )
+        cost = self.beam * request.width * len(request.keys)
+        if self.max_tokens and cost > self.max_tokens:
+            raise ValueError(
+                f"a source of {request.width} tokens needs {cost} tokens with beam {self.beam}, "
+                f"more than the capacity of {self.max_tokens} tokens"
+            )
+        request.max_len = self._output_limit(request)
+
+    def room_for(self, requests: list[Request]) -> bool:
+        if self.live and not self.model.mixes_steps:
+            return False
+        count = len(self.live) + sum(len(r.keys) for r in requests)
+        cost = self.tokens_in_flight + sum(self.beam * r.width * len(r.keys) for r in requests)
+        return not (
+            (self.max_sentences and count > self.max_sentences)
+            or (self.max_tokens and cost > self.max_tokens)
+        )
+
+    def admit(self, requests: list[Request]) -> None:
+        """Encode ``requests`` (checked, with room for them) and put them in flight."""
+        gen = self.gen
+        first = len(self.live)
+        if first and not self.model.mixes_steps:
+            raise RuntimeError("these models decode one batch at a time")
+        self.device = requests[0].src_tokens.device
+        sentences: list[_Sentence] = []
+        src_lengths, prefixes = [], []
+        for request in requests:
+            tokens, count = request.src_tokens, len(request.keys)
+            lengths = _source_lengths(request, gen)
+            prefix = request.prefix_tokens
+            if prefix is None:
+                prefix = tokens.new_empty(count, 0)
+                prefix_ends = [-1] * count
+            else:
+                ends = prefix.eq(gen.eos)  # where a prefix forces EOS: known once, on the host
+                first_end, has_end = to_host(ends.long().argmax(1), ends.any(1))
+                prefix_ends = [e if h else -1 for e, h in zip(first_end, has_end, strict=True)]
+            sentences.extend(
+                _Sentence(
+                    key=key,
+                    src_tokens=tokens[row],
+                    width=request.width,
+                    max_len=request.max_len,
+                    prefix_len=prefix.size(1),
+                    prefix_end=int(prefix_ends[row]),
+                    nbest=NBest(self.beam, evict_worst=gen.stopping == "exact"),
+                )
+                for row, key in enumerate(request.keys)
+            )
+            src_lengths.append(lengths)
+            prefixes.append(prefix)
+        net_input = {
+            "src_tokens": _stack_padded([r.src_tokens for r in requests], gen.pad, left=True),
+            "src_lengths": torch.cat(src_lengths),
+        }
+        encoder_outs = self.model.encode(net_input)
+        for memory, encoder_out in zip(self.memories, encoder_outs, strict=True):
+            memory.write(first, encoder_out, len(sentences))
+        self._add_per_sentence(first, net_input["src_lengths"], prefixes)
+        if first and self._pending is not None:
+            self.refills += len(sentences)
+        self.live.extend(sentences)
+        self.fresh += len(sentences)
+        self.tokens_in_flight += sum(self.beam * s.width for s in sentences)
+
+    def _output_limit(self, request: Request) -> int:
+        gen = self.gen
+        if gen.match_source_len:
+            max_len = int(to_host(_source_lengths(request, gen).max())[0])
+        else:
+            max_len = min(int(gen.max_len_a * request.width + gen.max_len_b), gen.max_len - 1)
+        if gen.min_len > max_len:
+            raise ValueError(
+                f"min_len={gen.min_len} is larger than the maximum output length {max_len} "
+                f"for this input (max_len_a={gen.max_len_a}, max_len_b={gen.max_len_b})"
+            )
+        return max_len
+
+    def _add_per_sentence(self, first: int, src_lengths: Tensor, prefixes: list[Tensor]) -> None:
+        """The new sentences' rows of the per-sentence device tensors."""
+        gen = self.gen
+        new = {"src_lengths": src_lengths}
+        if gen.stopping == "exact":
+            new["worst"] = torch.full((len(src_lengths),), -math.inf, device=self.device)
+        if gen.length_constraints is not None:
+            min_a, min_b, max_a, max_b = gen.length_constraints
+            new["min_lens"] = min_a * src_lengths + min_b
+            new["max_lens"] = max_a * src_lengths + max_b
+        if first == 0:
+            self.per_sentence = {}
+        if any(p.size(1) for p in prefixes) or "prefix" in self.per_sentence:
+            existing = self.per_sentence.get("prefix", src_lengths.new_empty(first, 0))
+            self.per_sentence["prefix"] = _stack_padded([existing, *prefixes], gen.pad)
+        for name, tensor in new.items():
+            old = self.per_sentence.get(name)
+            self.per_sentence[name] = tensor if old is None else torch.cat([old, tensor])
+
+    # ---- stepping --------------------------------------------------------------------------
+
+    def step(self) -> list[Finished]:
+        """One decoder forward and search step for every sentence in flight; returns the
+        sentences that finished in it."""
+        if not self.live:
+            return []
+        gen, beam = self.gen, self.beam
+        self._advance()
+        n = len(self.live)
+        encoder_outs = [memory.view(n) for memory in self.memories]
+        lprobs, attn = self.model.decode_step(
+            self.tokens, encoder_outs, self.states, gen.temperature
+        )
+        if self.cumulative is None:  # the first step of a new batch
+            self.scores = lprobs.new_zeros(n, 1)
+            self.cumulative = lprobs.new_empty(lprobs.size(0), 0)
+        if attn is not None and self.attention is None:
+            self.attention = attn.new_empty(attn.size(0), 0, attn.size(1))
+        lprobs, copies = self.rules.apply(lprobs, self)
+        if copies is not None:
+            self._copy_rows(copies)
+        # the first row of a sentence for each hypothesis (more are copies before its first step)
+        live_lprobs = lprobs.view(n, self.rows_per_sentence, -1)[:, : self.scores.size(1)]
+        res = beam_step(live_lprobs, self.scores, beam, gen.eos)
+        status, bound = self._status(res)
+        done: list[bool] | None = None
+        if status.any() or any(s.step >= s.max_len for s in self.live):
+            slots = res.finalize.size(1)  # beam, or fewer with a tiny vocabulary
+            if status[:, slots].any():
+                # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
+                lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+                res = beam_step(live_lprobs, self.scores, beam, gen.eos)
+                status, bound = self._status(res)
+            done = self._finish(res, status[:, :slots], bound, lprobs, attn)
+        return self._retire(done, res, attn)
+
+    def rows_of(self, sentences: list[int]) -> Tensor | None:
+        """The decoder rows of live sentences ``sentences`` (None: all of them)."""
+        if len(sentences) == len(self.live):
+            return None
+        per = self.rows_per_sentence
+        return to_device([s * per + r for s in sentences for r in range(per)], self.device)
+
+    def steps_on_device(self) -> Tensor:
+        """``[sentences]`` each live sentence's step, made once per step when a rule needs it."""
+        if self._steps_on_device is None:
+            self._steps_on_device = to_device([s.step for s in self.live], self.device)
+        return self._steps_on_device
+
+    def _advance(self) -> None:
+        """Rows for this step: last step's hypotheses in their new beam order, the sentences
+        that left gone, new sentences appended (BOS, zeroed state)."""
+        gen, beam, fresh = self.gen, self.beam, self.fresh
+        self._steps_on_device = None
+        if self._pending is None:  # every sentence is new: a new batch
+            n = len(self.live)
+            self.rows_per_sentence = 1 if self.model.first_step_one_row else beam
+            rows = n * self.rows_per_sentence
+            self.tokens = torch.full((rows, 1), self.bos, dtype=torch.long, device=self.device)
+            self.cumulative = self.attention = self.scores = None
+            self.states = [{} for _ in self.model.models]
+            self.fresh = 0
+            return
+        res, attn, order = self._pending
+        self._pending = None
+        first_rows = self._first_rows(res.alive_beams.size(0))
+        alive_beams, alive_tokens = res.alive_beams, res.alive_tokens
+        alive_scores = res.alive_scores
+        if order is not None:  # sentences left: the others in their new slots
+            alive_beams, first_rows = alive_beams[order], first_rows[order]
+            alive_tokens, alive_scores = alive_tokens[order], alive_scores[order]
+        rows = (alive_beams + first_rows).view(-1)
+        new_tokens, scores, cumulative = alive_tokens.view(-1), alive_scores, alive_scores.view(-1)
+        if fresh:
+            # New sentences' rows: BOS after padding; one live hypothesis of score 0 (the other
+            # beam - 1 rows are its copies, dead until they diverge after its first step).
+            rows = torch.cat([rows, rows.new_zeros(fresh * beam)])  # placeholders, reset below
+            new_tokens = torch.cat([new_tokens, new_tokens.new_full((fresh * beam,), self.bos)])
+            start = scores.new_full((fresh, beam), -math.inf)
+            start[:, 0] = 0
+            scores = torch.cat([scores, start])
+            cumulative = scores.view(-1)
+        history = max(s.step for s in self.live)  # tokens after BOS the longest one has
+        self.tokens = torch.cat([self.tokens.index_select(0, rows), new_tokens.unsqueeze(1)], 1)
+        self.tokens = self.tokens[:, -(history + 1) :]
+        self.cumulative = torch.cat(
+            [self.cumulative.index_select(0, rows), cumulative.unsqueeze(1)], 1
+        )[:, -history:]
+        if fresh:
+            self.tokens[-fresh * beam :, :-1] = gen.pad
+        if attn is not None:
+            steps = torch.cat([_fit_width(self.attention, attn.size(1)), attn.unsqueeze(1)], 1)
+            self.attention = steps.index_select(0, rows)[:, -history:]
+        self.scores = scores
+        self.rows_per_sentence = beam
+        self.model.reorder_states(self.reorderers, self.states, rows, fresh * beam)
+        self.fresh = 0
+
+    def _first_rows(self, n: int) -> Tensor:
+        """``[n, 1]`` first row of each of ``n`` sentences (made once per shape)."""
+        key = (n, self.rows_per_sentence)
+        if key not in self._offsets:
+            first = torch.arange(n, device=self.device) * self.rows_per_sentence
+            self._offsets[key] = first.unsqueeze(1)
+        return self._offsets[key]
+
+    def _copy_rows(self, source: Tensor) -> None:
+        """Make each row a copy of row ``source[row]`` (a forced prefix ended in EOS)."""
+        self.tokens = self.tokens.index_select(0, source)
+        self.cumulative = self.cumulative.index_select(0, source)
+        per_sentence = self.rows_per_sentence
+        if self.scores.size(1) == per_sentence:  # else one score per sentence: unchanged
+            self.scores = self.scores.reshape(-1)[source].view(-1, per_sentence)
+
+    def _status(self, res: Any) -> tuple[Tensor, Tensor | None]:
+        """The one host synchronisation of a step: on the host, per live sentence, which of
+        the top beam candidates end in EOS, whether the best candidate is NaN (a NaN log-prob
+        would rank first: topk puts NaN on top) and, for exact stopping, whether no live
+        hypothesis can beat the worst finished one; with exact stopping also that bound."""
+        columns = [res.finalize, res.cand_scores[:, :1].isnan()]
+        if self.gen.stopping != "exact":
+            return to_host(torch.cat(columns, 1))[0], None
+        bound = self._best_possible(res.alive_scores[:, 0])
+        columns.append(bound.le(self.per_sentence["worst"]).unsqueeze(1))
+        status, bound = to_host(torch.cat(columns, 1), bound)
+        return status, bound
+
+    def _best_possible(self, best_alive: Tensor) -> Tensor:
+        """Upper bound of the final score of any continuation of the live hypotheses.
+
+        A live hypothesis after step ``t`` has ``t + 1`` tokens; it can end with a length ``L``
+        in ``[t + 2, max_len + 1]``. Log-probs are <= 0, so its summed score can only drop,
+        except by the unk bonus of a negative unk penalty: ``N = best + bonus``. Its normalised
+        score is ``S / lp(L)`` with ``S <= N`` and ``lp > 0`` monotone in ``L``, so
+        ``S / lp(L) <= N / lp(L)``, which is largest at one end of the length range:
+        ``N / max(lp)`` when ``N <= 0``, else ``N / min(lp)``.
+        """
+        gen = self.gen
+        unk_bonus = max(0.0, -gen.unk_penalty)
+        if unk_bonus:
+            bonus = [unk_bonus * (s.max_len - s.step) for s in self.live]
+            best_alive = best_alive + to_device(bonus, self.device, best_alive.dtype)
+        if not gen.normalize_scores:
+            return best_alive
+        ends = [
+            [
+                length_normaliser(length, gen.len_penalty, gen.length_penalty_style)
+                for length in (s.step + 2, s.max_len + 1)
+            ]
+            for s in self.live
+        ]
+        low, high = to_device(ends, self.device, best_alive.dtype).unbind(1)
+        return torch.where(best_alive > 0, best_alive / low.minimum(high),
+                           best_alive / low.maximum(high))
+
+    def _finish(
+        self,
+        res: Any,
+        finalize: Tensor,
+        bound: Tensor | None,
+        lprobs: Tensor,
+        attn: Tensor | None,
+    ) -> list[bool]:
+        """Store the hypotheses that end now (``finalize``: the host copy of res.finalize) and
+        return, per live sentence, whether it is done."""
+        gen, beam, per_sentence = self.gen, self.beam, self.rows_per_sentence
+        sents, slots = finalize.nonzero(as_tuple=True)
+        if len(sents):
+            sents_dev, cands = to_device(
+                torch.stack([sents, sents * res.cand_beams.size(1) + slots]), self.device
+            )
+            rows = sents_dev * per_sentence + res.cand_beams.view(-1).index_select(0, cands)
+            eos_scores = res.cand_scores.view(-1).index_select(0, cands)
+            self._store(sents.tolist(), sents_dev, rows, eos_scores, attn)
+        counts = [len(s.nbest) for s in self.live]
+        at_max = [s.step >= s.max_len for s in self.live]
+        if gen.stopping == "fairseq":
+            done = [m or c >= beam for m, c in zip(at_max, counts, strict=True)]
+        else:
+            worst = torch.tensor([s.nbest.worst_score() for s in self.live])
+            self.per_sentence["worst"] = to_device(worst.to(bound.dtype), self.device)
+            done = [m or b for m, b in zip(at_max, bound.le(worst).tolist(), strict=True)]
+        empty = [i for i, d in enumerate(done) if d and counts[i] == 0]
+        if empty:
+            # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
+            # (beam of them, as in fairseq, even at the first step where all are the same).
+            sents = torch.tensor(empty).repeat_interleave(beam)
+            hypos = torch.arange(beam).repeat(len(empty))
+            sents_dev, hypos_dev = to_device(torch.stack([sents, hypos]), self.device)
+            rows = sents_dev * per_sentence + hypos_dev % per_sentence
+            cumulative = self.scores[sents_dev, hypos_dev % self.scores.size(1)]
+            cumulative = cumulative + lprobs[rows, gen.eos]
+            self._store(sents.tolist(), sents_dev, rows, cumulative, attn)
+        return done
+
+    def _store(
+        self,
+        sents: list[int],
+        sents_dev: Tensor,
+        rows: Tensor,
+        eos_cumulative: Tensor,
+        attn: Tensor | None,
+    ) -> None:
+        """Give the n-best keepers of sentences ``sents`` (``sents_dev`` the same on the device)
+        the hypotheses of rows ``rows`` followed by EOS."""
+        gen = self.gen
+        steps = [self.live[s].step for s in sents]  # tokens before EOS
+        lengths = [step + 1 for step in steps]
+        eos = torch.full_like(rows, gen.eos).unsqueeze(1)
+        tokens = torch.cat([self.tokens.index_select(0, rows), eos], 1)
+        cumulative = torch.cat([self.cumulative.index_select(0, rows), eos_cumulative[:, None]], 1)
+        # A row's own columns are its last `length`; those before belong to longer rows.
+        width = cumulative.size(1)
+        lengths_dev = to_device(lengths, self.device)
+        before = torch.arange(width, device=self.device) < width - lengths_dev.unsqueeze(1)
+        cumulative = cumulative.masked_fill(before, 0)
+        positional = cumulative - F.pad(cumulative[:, :-1], (1, 0))
+        scores = eos_cumulative
+        if gen.normalize_scores:
+            divisors = [length_normaliser(n, gen.len_penalty, gen.length_penalty_style)
+                        for n in lengths]
+            scores = scores / to_device(divisors, self.device, scores.dtype)
+        if gen.match_source_len:
+            src_lengths = self.per_sentence["src_lengths"].index_select(0, sents_dev)
+            scores = scores.masked_fill(lengths_dev > src_lengths + 1, -math.inf)
+        fetched = [tokens, positional, scores]
+        if attn is not None:
+            history = _fit_width(self.attention, attn.size(1)).index_select(0, rows)
+            history = torch.cat([history, attn.index_select(0, rows).unsqueeze(1)], 1)
+            fetched.append(history.transpose(1, 2))
+        # Returned tensors must be ordinary ones: callers change them in place
+        # (fairseq-generate divides the positional scores by log 2).
+        with torch.inference_mode(False):
+            tokens, positional, scores, *attention = [t.clone() for t in to_host(*fetched)]
+        for i, (sent, length) in enumerate(zip(sents, lengths, strict=True)):
+            sentence = self.live[sent]
+            own_attention = attention[0][i, -sentence.width :, -length:] if attention else None
+            sentence.nbest.add(
+                {
+                    "tokens": tokens[i, -length:],
+                    "score": scores[i],
+                    "attention": torch.empty(0) if own_attention is None else own_attention,
+                    "alignment": torch.empty(0),
+                    "positional_scores": positional[i, -length:],
+                }
+            )
+
+    # ---- retiring --------------------------------------------------------------------------
+
+    def _retire(self, done: list[bool] | None, res: Any, attn: Tensor | None) -> list[Finished]:
+        """Hand back the finished sentences; the last live ones move into their slots."""
+        order_dev = None
+        finished: list[Finished] = []
+        if done is not None and any(done):
+            finished = [self._result(s) for s, d in zip(self.live, done, strict=True) if d]
+            order = _fill_holes(done)
+            self.live = [self.live[old] for old in order]
+            self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
+            if self.live:
+                for memory in self.memories:
+                    memory.rearrange(order)
+                order_dev = to_device(order, self.device)
+                for name, tensor in self.per_sentence.items():
+                    self.per_sentence[name] = tensor.index_select(0, order_dev)
+        for sentence in self.live:
+            sentence.step += 1
+        self._pending = _Pending(res, attn, order_dev) if self.live else None
+        return finished
+
+    def _result(self, sentence: _Sentence) -> Finished:
+        hypotheses = sentence.nbest.best_first(self.gen.nbest)
+        if self.gen.print_alignment:
+            self.gen.add_alignments(hypotheses, sentence.src_tokens)
+        return Finished(sentence.key, hypotheses)
+
+
+class _Pending(NamedTuple):
+    """A step's result, applied to the decoder rows at the start of the next step (so that
+    sentences admitted in between join in the same reorder)."""
+
+    res: Any  # the BeamStep
+    attn: Tensor | None  # the step's attention
+    order: Tensor | None  # old slot of each sentence that stays, if some left
+
+
+def _source_lengths(request: Request, gen: SequenceGenerator) -> Tensor:
+    if request.src_lengths is not None:
+        return request.src_lengths
+    tokens = request.src_tokens
+    return (tokens.ne(gen.eos) & tokens.ne(gen.pad)).long().sum(1)
+
+
+def _fill_holes(done: list[bool]) -> list[int]:
+    """The slots the sentences that are not ``done`` take: they keep theirs, except the last
+    ones, which move into the slots of those that are done (``order[slot] = old slot``)."""
+    kept = len(done) - sum(done)
+    order = list(range(kept))
+    holes = (slot for slot in range(kept) if done[slot])
+    for hole, old in zip(holes, (s for s in range(kept, len(done)) if not done[s]), strict=False):
+        order[hole] = old
+    return order
+
+
+def _fit_width(history: Tensor, width: int) -> Tensor:
+    """``history`` ``[rows, steps, src]`` left-padded with zeros or cut on the left to
+    ``width`` source positions (the memory pool widened or narrowed)."""
+    src = history.size(2)
+    if src == width:
+        return history
+    if src > width:
+        return history[:, :, src - width :]
+    return F.pad(history, (width - src, 0))
+
+
+def _stack_padded(blocks: list[Tensor], pad: int, left: bool = False) -> Tensor:
+    """``[rows, width]`` blocks stacked, padded with ``pad`` to the widest (on the left or the
+    right)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    width = max(b.size(1) for b in blocks)
+    padded = [
+        F.pad(b, (width - b.size(1), 0) if left else (0, width - b.size(1)),
+                                value=pad)
+        for b in blocks
+    ]
+    return torch.cat(padded)

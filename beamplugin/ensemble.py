@@ -1,0 +1,194 @@
+"""The models a search decodes with, as one: encoder outputs kept per sentence, decoder steps,
+incremental states, and log-probabilities averaged over the ensemble.
+
+Sentences in flight are laid out sentence-major, ``rows_per_sentence`` decoder rows each. Two
+kinds of models:
+
+* models that **mix steps** (beamplugin's convs2s: ``decoder.decodes_mixed_steps``): sentences
+  at different steps share one forward. The decoder takes each row's position from its own
+  left-padded token history, a new sentence's rows start from a zeroed state
+  (``reorder_incremental_state(..., fresh_rows=k)``), and the encoder memory lives in a
+  fixed-capacity pool (``encoder.memory_pool()``) in which sentences keep their slot until they
+  leave, so admitting or retiring a sentence copies only its own rows;
+* all others (fairseq's fconv, transformer): one batch at a time, its encoder output reordered
+  with the model's own ``reorder_encoder_out`` as sentences leave.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import torch
+from fairseq.models import FairseqIncrementalDecoder
+from torch import Tensor, nn
+
+from beamplugin.host_transfer import to_device
+
+
+class EncoderMemory(Protocol):
+    """A model's encoder output for the sentences in flight, slot ``i`` for sentence ``i``."""
+
+    def write(self, first_slot: int, encoder_out: Any, count: int) -> None:
+        """Put the encoder output of ``count`` new sentences at slots ``first_slot`` on."""
+
+    def rearrange(self, order: list[int]) -> None:
+        """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
+
+    def view(self, sentences: int) -> Any:
+        """The encoder output the decoder reads for the first ``sentences`` slots."""
+
+
+class ReorderedMemory:
+    """Encoder output of one batch, shrunk with the model's ``reorder_encoder_out``.
+
+    Decoders that read the encoder output per row (fconv, whose BeamableMM expects beam rows per
+    sentence) get ``beam`` copies per sentence, as in fairseq; those that read it per sentence
+    (convs2s in an ensemble with such a model) keep one row.
+    """
+
+    def __init__(self, encoder: nn.Module, rows_per_sentence: int) -> None:
+        self.encoder = encoder
+        self.rows_per_sentence = rows_per_sentence
+        self.out: Any = None
+
+    def write(self, first_slot: int, encoder_out: Any, count: int) -> None:
+        if first_slot != 0:
+            raise RuntimeError("this model decodes one batch at a time")
+        self.out = encoder_out
+        if self.rows_per_sentence > 1:
+            self.out = self._select(torch.arange(count, device=_device_of(encoder_out)), 1)
+
+    def rearrange(self, order: list[int]) -> None:
+        self.out = self._select(to_device(order, _device_of(self.out)), self.rows_per_sentence)
+
+    def _select(self, sentences: Tensor, rows_before: int) -> Any:
+        rows = sentences * rows_before  # the first copy of each sentence: all are the same
+        if self.rows_per_sentence > 1:
+            rows = rows.repeat_interleave(self.rows_per_sentence)
+        return self.encoder.reorder_encoder_out(self.out, rows)
+
+    def view(self, sentences: int) -> Any:
+        return self.out
+
+
+def _device_of(encoder_out: Any) -> torch.device:
+    """The device of the first tensor found in a (nested) encoder output."""
+    stack = [encoder_out]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Tensor):
+            return item.device
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    raise ValueError("the encoder output holds no tensor")
+
+
+class EnsembleDecoder(nn.Module):
+    """Runs one or several encoder-decoder models as one; probabilities are averaged."""
+
+    def __init__(self, models: list[nn.Module]) -> None:
+        super().__init__()
+        self.models = nn.ModuleList(models)
+        for model in models:
+            if getattr(model, "encoder", None) is None or getattr(model, "decoder", None) is None:
+                raise ValueError(
+                    f"SequenceGenerator needs encoder-decoder models, got {type(model).__name__}"
+                )
+        self.incremental = all(isinstance(m.decoder, FairseqIncrementalDecoder) for m in models)
+        # Decoders that read one encoder_out row per sentence whatever their rows per sentence
+        # (beamplugin's convs2s); the others get a copy per decoder row, as in fairseq, and may
+        # assume beam rows per sentence (fconv's BeamableMM does).
+        self.per_sentence = [
+            getattr(m.decoder, "reads_encoder_out_per_sentence", False) for m in models
+        ]
+        # A new hypothesis is one row until its first step when every model reads the encoder
+        # output per sentence; the others decode beam identical rows, as in fairseq.
+        self.first_step_one_row = all(self.per_sentence)
+        self.mixes_steps = self.incremental and all(
+            getattr(m.decoder, "decodes_mixed_steps", False) for m in models
+        )
+
+    def max_decoder_positions(self) -> int:
+        return min(m.max_decoder_positions() for m in self.models)
+
+    def max_source_positions(self) -> int:
+        return min(m.encoder.max_positions() for m in self.models)
+
+    def encode(self, net_input: dict[str, Tensor]) -> list[Any]:
+        return [model.encoder.forward_torchscript(net_input) for model in self.models]
+
+    def encoder_memories(self, beam: int) -> list[EncoderMemory]:
+        if self.mixes_steps:
+            return [model.encoder.memory_pool() for model in self.models]
+        return [
+            ReorderedMemory(model.encoder, 1 if per_sentence else beam)
+            for model, per_sentence in zip(self.models, self.per_sentence, strict=True)
+        ]
+
+    def reorderers(self) -> list[list[nn.Module]]:
+        """Per model, the decoder modules that keep incremental state: what fairseq's
+        ``reorder_incremental_state_scripting`` finds by walking all modules at every step."""
+        if not self.incremental:
+            return [[] for _ in self.models]
+        return [
+            [m for m in model.decoder.modules() if hasattr(m, "reorder_incremental_state")]
+            for model in self.models
+        ]
+
+    def reorder_states(
+        self,
+        reorderers: list[list[nn.Module]],
+        states: list[dict],
+        order: Tensor,
+        fresh_rows: int = 0,
+    ) -> None:
+        """Keep the rows of ``order``; the last ``fresh_rows`` of them start afresh (only models
+        that mix steps are given any)."""
+        extra = {"fresh_rows": fresh_rows} if fresh_rows else {}
+        for modules, state in zip(reorderers, states, strict=True):
+            for module in modules:
+                result = module.reorder_incremental_state(state, order, **extra)
+                if result is not None:
+                    state = result
+
+    def decode_step(
+        self, tokens: Tensor, encoder_outs: list[Any], states: list[dict], temperature: float
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs ``[rows, vocab]`` (float32) of the next token and attention
+        ``[rows, src]`` (or None)."""
+        lprobs, attns = [], []
+        for model, encoder_out, state in zip(self.models, encoder_outs, states, strict=True):
+            if self.incremental:
+                out = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
+            else:
+                out = model.decoder(tokens, encoder_out=encoder_out)
+            extra = out[1] if len(out) > 1 else None
+            logits = out[0][:, -1:, :]
+            if temperature != 1.0:
+                logits = logits / temperature
+            lprobs.append(
+                model.get_normalized_probs((logits, extra), log_probs=True, sample=None)[:, -1, :]
+            )
+            attn = _last_step_attention(extra)
+            if attn is not None:
+                attns.append(attn)
+        if len(lprobs) == 1:
+            return lprobs[0], attns[0] if attns else None
+        # log of the mean probability, as fairseq's EnsembleModel
+        mean_lprobs = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+        mean_attn = torch.stack(attns).sum(0).div_(len(attns)) if attns else None
+        return mean_lprobs, mean_attn
+
+
+def _last_step_attention(extra: Any) -> Tensor | None:
+    attn = extra
+    if isinstance(extra, dict):
+        attn = extra.get("attn")
+        if isinstance(attn, list | tuple):
+            attn = attn[0] if attn else None
+    if not isinstance(attn, Tensor):
+        return None
+    return attn[:, -1, :]
