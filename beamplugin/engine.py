@@ -46,7 +46,7 @@ class Request:
 
     keys: list[Any]  # one per sentence: what its Finished result carries back
     src_tokens: Tensor  # [sentences, width], left-padded, each row ending in EOS
-    src_lengths: Tensor | None = None  # [sentences] tokens without padding (counted if None)
+    src_lengths: Tensor | None = None  # [sentences] for the encoder (non-pad tokens if None)
     prefix_tokens: Tensor | None = None  # [sentences, p] forced first tokens, pad: free choice
     max_len: int = -1  # output tokens before EOS is forced: set by DecodingEngine.check
 
@@ -155,10 +155,12 @@ class DecodingEngine:
             raise RuntimeError("these models decode one batch at a time")
         self.device = requests[0].src_tokens.device
         sentences: list[_Sentence] = []
-        src_lengths, prefixes = [], []
+        encoder_lengths, src_lengths, prefixes = [], [], []
         for request in requests:
             tokens, count = request.src_tokens, len(request.keys)
-            lengths = _source_lengths(request, gen)
+            lengths = request.src_lengths
+            encoder_lengths.append(tokens.ne(gen.pad).long().sum(1) if lengths is None else lengths)
+            src_lengths.append(_source_lengths(tokens, gen))
             prefix = request.prefix_tokens
             if prefix is None:
                 prefix = tokens.new_empty(count, 0)
@@ -179,16 +181,15 @@ class DecodingEngine:
                 )
                 for row, key in enumerate(request.keys)
             )
-            src_lengths.append(lengths)
             prefixes.append(prefix)
         net_input = {
             "src_tokens": _stack_padded([r.src_tokens for r in requests], gen.pad, left=True),
-            "src_lengths": torch.cat(src_lengths),
+            "src_lengths": torch.cat(encoder_lengths),
         }
         encoder_outs = self.model.encode(net_input)
         for memory, encoder_out in zip(self.memories, encoder_outs, strict=True):
             memory.write(first, encoder_out, len(sentences))
-        self._add_per_sentence(first, net_input["src_lengths"], prefixes)
+        self._add_per_sentence(first, torch.cat(src_lengths), prefixes)
         if first and self._pending is not None:
             self.refills += len(sentences)
         self.live.extend(sentences)
@@ -198,7 +199,7 @@ class DecodingEngine:
     def _output_limit(self, request: Request) -> int:
         gen = self.gen
         if gen.match_source_len:
-            max_len = int(to_host(_source_lengths(request, gen).max())[0])
+            max_len = int(to_host(_source_lengths(request.src_tokens, gen).max())[0])
         else:
             max_len = min(int(gen.max_len_a * request.width + gen.max_len_b), gen.max_len - 1)
         if gen.min_len > max_len:
@@ -513,11 +514,9 @@ class _Pending(NamedTuple):
     order: Tensor | None  # old slot of each sentence that stays, if some left
 
 
-def _source_lengths(request: Request, gen: SequenceGenerator) -> Tensor:
-    if request.src_lengths is not None:
-        return request.src_lengths
-    tokens = request.src_tokens
-    return (tokens.ne(gen.eos) & tokens.ne(gen.pad)).long().sum(1)
+def _source_lengths(src_tokens: Tensor, gen: SequenceGenerator) -> Tensor:
+    """What fairseq's generator takes as source lengths: tokens without EOS and padding."""
+    return (src_tokens.ne(gen.eos) & src_tokens.ne(gen.pad)).long().sum(1)
 
 
 def _fill_holes(done: list[bool]) -> list[int]:

@@ -64,6 +64,8 @@ def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
         admitted: list[Request] = []
         while True:
             if held is None:
+                if source.exhausted:
+                    break
                 held = source.take(wait=not engine.live and not admitted)
                 if held is None:
                     break

@@ -1,0 +1,278 @@
+"""Continuous batching: sentences admitted into freed capacity mid-search get the same n-best
+lists (tokens, scores, positional scores, attention) as when each is decoded alone, whatever
+the capacity and the arrival order; nothing is lost or duplicated.
+
+The models are the sharpened random ones of the generator's tests, and sentences have very
+different lengths, so they finish at very different steps and slots really refill (asserted).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import test_sequence_generator
+import torch
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from test_sequence_generator import assert_same
+
+from beamplugin import SequenceGenerator
+from beamplugin.engine import DecodingEngine
+from beamplugin.stream import (
+    IteratorSource,
+    QueueFull,
+    StreamClosed,
+    TranslationStream,
+    run,
+    sentence_request,
+    translate,
+)
+
+# the same module-scoped fixtures as the generator's tests
+vocab = test_sequence_generator.vocab
+models = test_sequence_generator.models
+one_thread = test_sequence_generator.one_thread
+
+N_SENTENCES = 14
+
+
+@pytest.fixture(scope="module")
+def sentences(vocab) -> list[torch.Tensor]:
+    """Sources of 1 to 15 words, each ending in EOS."""
+    g = torch.Generator().manual_seed(11)
+    lengths = [1, 15, 3, 9, 2, 12, 6, 1, 14, 4, 8, 2, 11, 5][:N_SENTENCES]
+    return [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for n in lengths
+    ]
+
+
+@pytest.fixture(scope="module")
+def prefixes(vocab, sentences) -> list[torch.Tensor]:
+    """Forced first tokens: none, short, padded (free choice) and ending the sentence."""
+    g = torch.Generator().manual_seed(12)
+    out = []
+    for i in range(len(sentences)):
+        prefix = torch.randint(vocab.nspecial, len(vocab), (i % 4,), generator=g)
+        if i % 4 == 3 and i % 8 != 3:
+            prefix[1] = vocab.pad()
+        if i % 4 == 2 and i % 8 != 2:
+            prefix[-1] = vocab.eos()
+        out.append(prefix)
+    return out
+
+
+def one_sentence(sentence: torch.Tensor) -> dict:
+    lengths = torch.tensor([len(sentence)])
+    return {"net_input": {"src_tokens": sentence[None], "src_lengths": lengths}}
+
+
+def alone(gen: SequenceGenerator, sentence: torch.Tensor, prefix: torch.Tensor | None = None):
+    sample = one_sentence(sentence)
+    prefix_tokens = None if prefix is None or not len(prefix) else prefix[None]
+    return gen.generate(None, sample, prefix_tokens=prefix_tokens)[0]
+
+
+def stream(gen, sentences, order, prefixes=None, **capacity):
+    """Decode ``sentences`` arriving in ``order`` on one engine; results by sentence, and the
+    engine (for its refill count)."""
+    engine = DecodingEngine(gen, **capacity)
+    requests = (
+        sentence_request(i, sentences[i], None if prefixes is None or not len(prefixes[i])
+                         else prefixes[i])
+        for i in order
+    )
+    results: dict[int, list] = {}
+    with torch.inference_mode():
+        for finished in run(engine, IteratorSource(requests)):
+            assert finished.error is None, finished.error
+            assert finished.key not in results, "a sentence came back twice"
+            results[finished.key] = finished.hypotheses
+    assert sorted(results) == sorted(order), "a sentence was lost"
+    return [results[i] for i in range(len(sentences))], engine
+
+
+ORDERS = {
+    "as given": list(range(N_SENTENCES)),
+    "shuffled": random.Random(3).sample(range(N_SENTENCES), N_SENTENCES),
+}
+# in flight: 3 or 5 sentences, or beam x 40 source tokens (3 to 8 of these sentences)
+CAPACITIES = [dict(max_sentences=3), dict(max_sentences=5), dict(max_tokens=40)]
+
+OPTIONS = [
+    dict(beam_size=1),
+    dict(beam_size=4),
+    dict(beam_size=8),
+    dict(beam_size=5, nbest=2),
+    dict(beam_size=4, len_penalty=1.5, length_penalty_style="gnmt"),
+    dict(beam_size=3, stopping="exact", len_penalty=0.5),
+    dict(beam_size=4, min_len=5),
+    dict(beam_size=4, max_len_a=1.0, max_len_b=2),
+    dict(beam_size=4, unk_penalty=-2.0),
+    dict(beam_size=3, temperature=0.6),
+    dict(beam_size=4, no_repeat_ngram_size=1),
+    dict(beam_size=4, no_repeat_ngram_size=2),
+    dict(beam_size=3, match_source_len=True),
+    dict(beam_size=3, print_alignment="hard"),
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=str)
+def test_stream_equals_each_sentence_alone(vocab, models, sentences, options):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, **{"max_len_b": 20, **options})
+    expected = [alone(gen, s) for s in sentences]
+    for order_name, order in ORDERS.items():
+        for capacity in CAPACITIES:
+            if "max_tokens" in capacity:
+                capacity = dict(max_tokens=capacity["max_tokens"] * gen.beam_size)
+            out, engine = stream(gen, sentences, order, **capacity)
+            assert_same(expected, out)
+            assert engine.refills > 0, (order_name, capacity)
+            if options.get("print_alignment"):
+                assert [[h["alignment"] for h in hs] for hs in out] == [
+                    [h["alignment"] for h in hs] for hs in expected
+                ]
+
+
+def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentences, prefixes):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    expected = [alone(gen, s, p) for s, p in zip(sentences, prefixes, strict=True)]
+    for order in ORDERS.values():
+        out, engine = stream(gen, sentences, order, prefixes, max_sentences=4)
+        assert_same(expected, out)
+        assert engine.refills > 0
+    for hypos, prefix in zip(out, prefixes, strict=True):
+        tokens = hypos[0]["tokens"].tolist()
+        for position, forced in enumerate(prefix.tolist()):
+            if forced != vocab.pad():  # pad: free choice
+                assert tokens[position] == forced
+            if forced == vocab.eos():
+                assert len(tokens) == position + 1
+
+
+def test_stream_of_an_ensemble_with_length_constraints(vocab, models, sentences):
+    pair = models["convs2s"]
+    strategy = search.LengthConstrainedBeamSearch(vocab, 0.5, 1, 1.5, 2)
+    gen = SequenceGenerator(pair, vocab, beam_size=4, max_len_b=20, search_strategy=strategy)
+    expected = [alone(gen, s) for s in sentences]
+    out, engine = stream(gen, sentences, ORDERS["shuffled"], max_sentences=4)
+    assert_same(expected, out)
+    assert engine.refills > 0
+
+
+def test_stream_equals_fairseq_with_default_options(vocab, models, sentences):
+    model = models["convs2s"][0]
+    options = dict(beam_size=5, max_len_b=20)
+    fairseq = FairseqGenerator([model], vocab, **options)
+    expected = [fairseq.generate([model], one_sentence(s))[0] for s in sentences]
+    out, engine = stream(SequenceGenerator([model], vocab, **options), sentences,
+                         ORDERS["shuffled"], max_sentences=4)
+    assert_same(expected, out)
+    assert engine.refills > 0
+
+
+@pytest.mark.parametrize("arch", ["fconv", "transformer"])
+def test_models_that_cannot_mix_steps_decode_batch_after_batch(vocab, models, sentences, arch):
+    model = models[arch][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    expected = [alone(gen, s) for s in sentences]
+    rows: list[int] = []
+    decode_step = gen.model.decode_step
+    gen.model.decode_step = lambda tokens, *a, **k: rows.append(len(tokens)) or decode_step(
+        tokens, *a, **k
+    )
+    out, engine = stream(gen, sentences, ORDERS["as given"], max_sentences=5)
+    assert_same(expected, out, check_attention=False)  # a batch's attention spans its width
+    assert engine.refills == 0
+    # three batches of 5, 5 and 4 sentences, each starting on beam rows per sentence
+    assert rows.count(5 * 4) >= 2 and rows.count(4 * 4) >= 1
+    assert rows[0] == 5 * 4
+
+
+def test_translate_yields_every_sentence_once_in_either_order(vocab, models, sentences):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=3, max_len_b=20)
+    expected = [alone(gen, s) for s in sentences]
+    too_long = torch.full((1100,), vocab.index("w1"))  # the model takes 1024 positions
+    inputs = [*sentences[:5], too_long, *sentences[5:]]
+    completed = list(translate(gen, inputs, max_sentences=4))
+    assert sorted(i for i, _ in completed) == list(range(len(inputs)))
+    assert [i for i, _ in completed] != list(range(len(inputs)))  # finished out of order
+    ordered = list(translate(gen, inputs, max_sentences=4, ordered=True))
+    assert [i for i, _ in ordered] == list(range(len(inputs)))
+    results = dict(ordered)
+    error = results.pop(5)
+    limit = model.encoder.max_positions()
+    assert isinstance(error, ValueError) and f"({limit} tokens" in str(error)
+    assert_same(expected, [results[i] for i in sorted(results)])
+
+
+def test_stream_ends_with_slots_half_full(vocab, models, sentences):
+    """The last sentences are admitted while the engine still holds others; the stream ends
+    with free slots: everything still comes back once."""
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    out, engine = stream(gen, sentences[:7], list(range(7)), max_sentences=5)
+    assert_same([alone(gen, s) for s in sentences[:7]], out)
+    assert engine.refills == 2 and not engine.live
+
+
+def test_translation_stream_from_many_threads(vocab, models, sentences):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    expected = [alone(gen, s) for s in sentences]
+    futures: dict[int, object] = {}
+    with TranslationStream(gen, max_sentences=3, max_queued=4) as translator:
+
+        def client(first: int) -> None:
+            for i in range(first, len(sentences), 3):
+                futures[i] = translator.submit(sentences[i])
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    # closing waited for every accepted sentence
+    assert sorted(futures) == list(range(len(sentences)))
+    assert all(f.done() for f in futures.values())
+    assert_same(expected, [futures[i].result() for i in range(len(sentences))])
+    assert translator.engine.refills > 0 and translator.completed == len(sentences)
+    with pytest.raises(StreamClosed):
+        translator.submit(sentences[0])
+
+
+def test_a_full_queue_refuses_instead_of_growing(vocab, models, sentences):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    started = threading.Event()
+    release = threading.Event()
+    decode_step = gen.model.decode_step
+
+    def slow(*args, **kwargs):
+        started.set()
+        release.wait(10)
+        return decode_step(*args, **kwargs)
+
+    gen.model.decode_step = slow
+    translator = TranslationStream(gen, max_sentences=1, max_queued=2)
+    try:
+        first = translator.submit(sentences[0])
+        started.wait(10)  # the decoder holds the first sentence; two may wait
+        waiting = [translator.submit(sentences[i], block=False) for i in (1, 2)]
+        with pytest.raises(QueueFull):
+            translator.submit(sentences[3], block=False)
+        with pytest.raises(QueueFull):
+            translator.submit(sentences[3], timeout=0.05)
+        assert translator.queued == 2
+    finally:
+        release.set()
+        translator.close()
+    gen.model.decode_step = decode_step
+    assert_same([alone(gen, sentences[i]) for i in (0, 1, 2)],
+                [f.result() for f in (first, *waiting)])
