@@ -107,21 +107,25 @@ def test_interactive_refuses_bad_lines_by_id_and_translates_the_others_as_alone(
     data, ckpt = trained
     models, _ = checkpoint_utils.load_model_ensemble([str(ckpt)])
     limit = models[0].encoder.max_positions()
-    good = ["w1 w2", "w4 zzz-unknown ÄÖ", " ".join(["w3"] * (limit - 1)), "w7 w8 w9"]
-    bad = {
-        1: (" ".join(["w1"] * limit), f"too long: {limit + 1} tokens (end of sentence "
-            f"included), the model accepts at most {limit}; split the line"),
-        3: ("", "empty line"),
-        4: (b"w3 \xff\xfe w5".decode(errors="surrogateescape"),
-            "not valid UTF-8: 0xff 0xfe at character 4"),
-        5: ("  ", "empty line"),
-    }  # fmt: skip
-    good_ids = [0, 2, 6, 7]
-    stream = [""] * 8
-    for line_id, line in zip(good_ids, good, strict=True):
-        stream[line_id] = line
-    for line_id, (line, _) in bad.items():
-        stream[line_id] = line
+    stream = [
+        "w1 w2",
+        " ".join(["w1"] * limit),
+        "w4 zzz-unknown ÄÖ",
+        "",
+        b"w3 \xff\xfe w5".decode(errors="surrogateescape"),
+        "  ",
+        " ".join(["w3"] * (limit - 1)),
+        "w7 w8 w9",
+    ]
+    refusals = {
+        1: f"too long: {limit + 1} tokens (end of sentence included), the model accepts at "
+        f"most {limit}; split the line",
+        3: "empty line",
+        4: "not valid UTF-8: 0xff 0xfe at character 4",
+        5: "empty line",
+    }
+    good_ids = [i for i in range(len(stream)) if i not in refusals]
+    good = [stream[i] for i in good_ids]
 
     # Buffers of 3 lines: [good, bad, good], [bad, bad, bad], [good, good].
     out = _interactive(ckpt, data, stream, 3, PYTHONIOENCODING="utf-8:strict")
@@ -129,7 +133,7 @@ def test_interactive_refuses_bad_lines_by_id_and_translates_the_others_as_alone(
     assert alone.returncode == 0, alone.stderr[-2000:]
 
     assert out.returncode == 3, out.stderr[-2000:]
-    assert _lines_by_id(out.stdout, "E") == {i: [reason] for i, (_, reason) in bad.items()}
+    assert _lines_by_id(out.stdout, "E") == {i: [reason] for i, reason in refusals.items()}
     assert "4 of 8 input lines were not translated (ids 1, 3, 4, 5; see their E- lines)" in (
         out.stderr
     )
