@@ -12,12 +12,14 @@ N_TEST = 100
 WORDS = [f"w{i}" for i in range(40)]
 
 
-def run_tool(tool: str, *args: str, stdin: str | None = None, check: bool = True):
-    """Run a fairseq console script from this venv; on failure show the end of its stderr."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run_tool(tool: str, *args: str, stdin: str | None = None, check: bool = True, **env: str):
+    """Run a fairseq console script from this venv, with ``env`` added to its environment; on
+    failure show the end of its stderr. Lone surrogates in ``stdin`` go out as the bytes they
+    stand for (surrogateescape), so a test can send bytes that are not UTF-8."""
     proc = subprocess.run(
-        [str(BIN / tool), *args], input=stdin, capture_output=True, text=True, env=env, cwd=REPO
-    )
+        [str(BIN / tool), *args], input=stdin, capture_output=True, text=True,
+        errors="surrogateescape", env=dict(os.environ, OMP_NUM_THREADS="1", **env), cwd=REPO,
+    )  # fmt: skip
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from fairseq_tools import N_TEST, binarized_toy_corpus, run_tool
 from hostile import RunsCode
 
@@ -81,29 +82,88 @@ def test_hostile_checkpoint_refused_by_fairseq_generate(trained, tmp_path):
     assert not marker.exists()
 
 
-def _interactive(ckpt: Path, data: Path, lines: list[str], *extra: str):
+def _interactive(ckpt: Path, data: Path, lines: list[str], buffer_size: int, **env: str):
     return run_tool(
         "fairseq-interactive", str(data), "--user-dir", "beamplugin",
         "--task", "beam_translation", "--path", str(ckpt), "--beam", "2", "--cpu",
-        "--source-lang", "de", "--target-lang", "en", "--buffer-size", "4", *extra,
-        stdin="\n".join(lines) + "\n", check=False,
+        "--source-lang", "de", "--target-lang", "en", "--buffer-size", str(buffer_size),
+        "--batch-size", "1",
+        stdin="\n".join(lines) + "\n", check=False, **env,
     )  # fmt: skip
 
 
-def test_bad_lines_get_a_clear_error_or_are_listed_never_silently_lost(trained):
-    data, ckpt = trained
-    too_long = " ".join(["w1"] * 1100)
-    lines = ["w1 w2", too_long, "", "w4 zzz-unknown ÄÖ"]
-    refused = _interactive(ckpt, data, lines)
-    assert refused.returncode != 0
-    assert "longer than the model accepts" in refused.stderr and "#1 (1101" in refused.stderr
+def _lines_by_id(output: str, kind: str) -> dict[int, list[str]]:
+    """fairseq's output lines of one kind ("S", "H", "E", ...) by sentence id, prefix dropped."""
+    found: dict[int, list[str]] = {}
+    for sentence_id, rest in re.findall(rf"^{kind}-(\d+)\t(.*)$", output, flags=re.M):
+        found.setdefault(int(sentence_id), []).append(rest)
+    return found
 
-    skipped = _interactive(ckpt, data, lines, "--skip-invalid-size-inputs-valid-test")
-    assert skipped.returncode == 0, skipped.stderr[-2000:]
-    # The empty line and the line of unknown words are translated; the long one is named.
-    assert _hypothesis_ids(skipped.stdout) == [0, 2, 3]
-    assert "leaving out 1 over-long sentence(s)" in skipped.stderr
-    assert re.search(r"ids: 1$", skipped.stderr, flags=re.M)
+
+def test_interactive_refuses_bad_lines_by_id_and_translates_the_others_as_alone(trained):
+    """One bad line never kills the stream: it gets an E- line, every other line is translated
+    exactly as on its own, ids stay line numbers, and the exit status says lines were lost.
+    stdin is decoded strictly here, as under a UTF-8 locale such as en_US.UTF-8."""
+    data, ckpt = trained
+    models, _ = checkpoint_utils.load_model_ensemble([str(ckpt)])
+    limit = models[0].encoder.max_positions()
+    stream = [
+        "w1 w2",
+        " ".join(["w1"] * limit),
+        "w4 zzz-unknown ÄÖ",
+        "",
+        b"w3 \xff\xfe w5".decode(errors="surrogateescape"),
+        "  ",
+        " ".join(["w3"] * (limit - 1)),
+        "w7 w8 w9",
+    ]
+    refusals = {
+        1: f"too long: {limit + 1} tokens (end of sentence included), the model accepts at "
+        f"most {limit}; split the line",
+        3: "empty line",
+        4: "not valid UTF-8: 0xff 0xfe at character 4",
+        5: "empty line",
+    }
+    good_ids = [i for i in range(len(stream)) if i not in refusals]
+    good = [stream[i] for i in good_ids]
+
+    # Buffers of 3 lines: [good, bad, good], [bad, bad, bad], [good, good].
+    out = _interactive(ckpt, data, stream, 3, PYTHONIOENCODING="utf-8:strict")
+    alone = _interactive(ckpt, data, good, 1)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert _lines_by_id(out.stdout, "E") == {i: [reason] for i, reason in refusals.items()}
+    assert "4 of 8 input lines were not translated (ids 1, 3, 4, 5; see their E- lines)" in (
+        out.stderr
+    )
+    for kind in ("S", "H", "P"):
+        translated = _lines_by_id(out.stdout, kind)
+        reference = _lines_by_id(alone.stdout, kind)
+        assert sorted(translated) == good_ids
+        assert [translated[i] for i in good_ids] == [reference[i] for i in range(len(good))]
+
+
+def test_generate_still_refuses_over_long_sentences_of_a_binarized_set(trained):
+    data, ckpt = trained
+    options = ["--path", str(ckpt), "--cpu", "--batch-size", "8", "--max-source-positions", "6"]
+    refused = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        *options, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert re.search(r"\d+ sentence\(s\) are longer than the model accepts", refused.stderr)
+    assert "H-" not in refused.stdout
+
+    skipped = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        *options, "--skip-invalid-size-inputs-valid-test",
+    )  # fmt: skip
+    left_out = re.search(r"leaving out (\d+) over-long sentence\(s\).*ids: ([\d ]+)$",
+                         skipped.stdout + skipped.stderr, flags=re.M)  # fmt: skip
+    ids = [int(i) for i in left_out.group(2).split()]
+    assert len(ids) == int(left_out.group(1)) > 0
+    assert _hypothesis_ids(skipped.stdout) == sorted(set(range(N_TEST)) - set(ids))
 
 
 @pytest.mark.parametrize(

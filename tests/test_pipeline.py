@@ -10,6 +10,7 @@ import importlib.util
 import os
 import random
 import re
+import select
 import signal
 import subprocess
 import time
@@ -194,6 +195,54 @@ def test_sharded_generation_puts_translations_back_in_input_order(demo):
     for shard in range(3):
         out = (work / "sharded" / "test-3" / f"shard{shard}.out").read_text()
         assert 0 < out.count("D-") < TEST_SIZE
+
+
+def _read_line(stream, seconds: float) -> bytes:
+    ready, _, _ = select.select([stream], [], [], seconds)
+    assert ready, f"no output line within {seconds} s"
+    return stream.readline()
+
+
+def test_translate_sh_answers_every_line_at_once_and_names_the_lines_it_cannot_translate(demo):
+    """One output line per input line, in order, each as soon as its line is in: a good line's
+    translation as on its own, an empty line for a refused one, which stderr names by number."""
+    good = demo["de"].read_text().splitlines()[:2]
+    lines = [
+        good[0].encode(),
+        b"Der rote Hund\xff\xfe",  # not UTF-8: sentencepiece used to crash
+        " ".join(["Hund"] * 3000).encode(),
+        b"",
+        "\u200b".encode(),  # a zero-width space: no sentencepiece piece at all
+        good[1].encode(),
+    ]
+    alone = subprocess.run(
+        ["bash", str(ROOT / "data" / "translate.sh")], input="\n".join(good) + "\n",
+        env=env_for(demo["work"]), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    translations = alone.stdout.splitlines()
+    assert len(translations) == 2 and all(translations)
+
+    streaming = subprocess.Popen(
+        ["bash", str(ROOT / "data" / "translate.sh")], env=env_for(demo["work"]),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
+    )  # fmt: skip
+    answers = []
+    for line in lines:
+        streaming.stdin.write(line + b"\n")
+        answers.append(_read_line(streaming.stdout, 120).decode().rstrip("\n"))
+    streaming.stdin.close()
+    assert streaming.wait(timeout=60) == 3
+    assert streaming.stdout.read() == b""
+    assert answers == [translations[0], "", "", "", "", translations[1]]
+    assert re.fullmatch(
+        "translate.sh: line 2 not translated: not valid UTF-8: 0xff 0xfe at character 14\n"
+        "translate.sh: line 3 not translated: too long: [0-9]+ tokens [(]end of sentence "
+        "included[)], the model accepts at most [0-9]+; split the line\n"
+        "translate.sh: line 4 not translated: empty line\n"
+        "translate.sh: line 5 not translated: nothing left to translate after tokenization\n",
+        streaming.stderr.read().decode(),
+    )
 
 
 def _updates_in_epoch_1(log: str) -> int:

@@ -2,15 +2,19 @@
 
 # No `from __future__ import annotations` here: fairseq reads the config fields' types at runtime.
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from fairseq.data import FairseqDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from beamplugin.batching import LosslessBatchingDataset
+from beamplugin.interactive_input import InteractiveLines, WithoutEmptySources, read_stdin_leniently
+from beamplugin.line_input import LineEncoder, max_source_positions
 from beamplugin.sequence_generator import SequenceGenerator
 
 logger = logging.getLogger(__name__)
@@ -65,6 +69,8 @@ class BeamTranslationTask(TranslationTask):
         super().__init__(cfg, src_dict, tgt_dict)
         # One wrapper per dataset, so fairseq's per-dataset iterator cache keeps working.
         self._lossless: dict[int, LosslessBatchingDataset] = {}
+        self._interactive_lines = InteractiveLines()
+        self._max_source_positions = max_source_positions(self, [])
 
     def get_batch_iterator(self, dataset: FairseqDataset, **kwargs: Any) -> Any:
         wrapped = self._lossless.get(id(dataset))
@@ -109,6 +115,7 @@ class BeamTranslationTask(TranslationTask):
         extra_gen_cls_kwargs: dict[str, Any] | None = None,
         prefix_allowed_tokens_fn: Any = None,
     ) -> Any:
+        self._prepare_for_input_lines(models)
         other = _needs_fairseq_generator(args, prefix_allowed_tokens_fn)
         if seq_gen_cls is not None or getattr(args, "score_reference", False) or other:
             if other:
@@ -126,3 +133,22 @@ class BeamTranslationTask(TranslationTask):
         return super().build_generator(
             models, args, seq_gen_cls=SequenceGenerator, extra_gen_cls_kwargs=kwargs
         )
+
+    def _prepare_for_input_lines(self, models: list[Any]) -> None:
+        # fairseq-interactive builds the generator right before it reads its input.
+        self._max_source_positions = max_source_positions(self, models)
+        read_stdin_leniently()
+
+    def get_interactive_tokens_and_lengths(
+        self, lines: list[str], encode_fn: Callable[[str], str]
+    ) -> tuple[list[torch.Tensor], list[int]]:
+        """fairseq-interactive's next buffer of lines: every line is encoded by LineEncoder or
+        refused with an ``E-<id>`` line (beamplugin/interactive_input.py), never lost."""
+        encoder = LineEncoder(self.source_dictionary, self._max_source_positions, encode_fn)
+        return self._interactive_lines.encode_buffer(lines, encoder)
+
+    def build_dataset_for_inference(
+        self, src_tokens: list[torch.Tensor], src_lengths: list[int], constraints: Any = None
+    ) -> FairseqDataset:
+        dataset = super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
+        return WithoutEmptySources(dataset)
