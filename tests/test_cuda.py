@@ -15,6 +15,8 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
 
 from beamplugin import SequenceGenerator
+from beamplugin.engine import DecodingEngine
+from beamplugin.stream import IteratorSource, run, sentence_request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -94,3 +96,22 @@ def test_one_host_sync_per_decoder_step(vocab, arch):
         gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=length, min_len=length)
         syncs[length] = beamplugin_syncs(gen, model, sample)
     assert syncs[16] - syncs[8] == 8, syncs
+
+
+def test_stream_on_cuda_equals_each_sentence_alone_on_cpu(vocab):
+    """Continuous batching on the GPU: sentences joining mid-search get what they get alone."""
+    model = BUILDERS["convs2s"](vocab, 2)
+    sample = make_batch(vocab, 9, seed=6)
+    sentences = [utils.strip_pad(row, vocab.pad()) for row in sample["net_input"]["src_tokens"]]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    alone = [
+        gen.generate([model], {"net_input": {"src_tokens": s[None], "src_lengths": None}})[0]
+        for s in sentences
+    ]
+    model.cuda()
+    engine = DecodingEngine(gen, max_sentences=3)
+    requests = [sentence_request(i, s.cuda(), None) for i, s in enumerate(sentences)]
+    with torch.inference_mode():
+        results = {f.key: f.hypotheses for f in run(engine, IteratorSource(requests))}
+    assert engine.refills > 0
+    assert_same(alone, [results[i] for i in range(len(sentences))])

@@ -50,6 +50,58 @@ def test_generate_translates_every_test_sentence(trained, batching):
     assert _hypothesis_ids(out.stdout) == list(range(N_TEST))
 
 
+def _lines_by_sentence(output: str) -> dict[int, list[list[str]]]:
+    """S/T/H/D/P/A lines per sentence id, fields split, in the order printed."""
+    by_id: dict[int, list[list[str]]] = {}
+    for line in output.splitlines():
+        match = re.match(r"^([STHDPA])-(\d+)\t(.*)$", line)
+        if match:
+            by_id.setdefault(int(match[2]), []).append([match[1], *match[3].split("\t")])
+    return by_id
+
+
+def _assert_same_lines(ours: list[list[str]], reference: list[list[str]]) -> None:
+    """The same lines, numbers (scores) equal within 1e-4."""
+    assert [line[0] for line in ours] == [line[0] for line in reference]
+    for mine, theirs in zip(ours, reference, strict=True):
+        if mine[0] in "HD":
+            assert float(mine[1]) == pytest.approx(float(theirs[1]), abs=1e-4)
+            assert mine[2:] == theirs[2:]
+        elif mine[0] == "P":
+            assert [float(x) for x in mine[1].split()] == pytest.approx(
+                [float(x) for x in theirs[1].split()], abs=1e-4
+            )
+        else:
+            assert mine == theirs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--batch-size", "6"],
+        ["--max-tokens", "60", "--nbest", "2", "--prefix-size", "1", "--print-alignment"],
+    ],
+    ids=["batch-size", "max-tokens-nbest-prefix-alignment"],
+)
+def test_generate_as_one_stream_prints_what_batch_after_batch_prints(trained, options):
+    data, ckpt = trained
+    common = ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--task",
+              "beam_translation", "--path", str(ckpt), "--beam", "4", "--cpu", "--gen-subset",
+              "test", *options]  # fmt: skip
+    continuous = run_tool(*common)
+    static = run_tool(*common, "--batching", "static")
+    ours, reference = _lines_by_sentence(continuous.stdout), _lines_by_sentence(static.stdout)
+    assert sorted(ours) == sorted(reference) == list(range(N_TEST))
+    for sentence_id in reference:
+        _assert_same_lines(ours[sentence_id], reference[sentence_id])
+    report = re.search(
+        r"continuous batching: (\d+) sentences decoded as one stream, at most (.*) in flight; "
+        r"(\d+) sentences joined others mid-search", continuous.stderr + continuous.stdout
+    )
+    assert report and int(report[1]) == N_TEST and int(report[3]) > 0, continuous.stderr[-2000:]
+    assert "continuous batching" not in static.stderr + static.stdout
+
+
 def test_interactive_answers_every_input_line(trained):
     data, ckpt = trained
     lines = ["w1 w2 w3", "w5", "w7 w7 w8 w9 w10", "w3 w2"]

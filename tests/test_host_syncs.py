@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 import test_sequence_generator
+import torch
+from fairseq import utils
 from host_syncs import as_device, counting_syncs
 from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
+from beamplugin.stream import IteratorSource, run, sentence_request
 
 # the same module-scoped fixtures as the generator's tests
 vocab = test_sequence_generator.vocab
@@ -99,3 +102,31 @@ def test_a_real_wait_is_counted(vocab, models, monkeypatch):
     with counting_syncs(monkeypatch) as syncs:
         gen.generate([model], as_device(make_batch(vocab, 2, seed=1)))
     assert syncs["test_host_syncs.py:waiting"] == len(steps), syncs
+
+
+def test_a_stream_syncs_once_per_step_and_per_finishing_step(vocab, models, monkeypatch):
+    """Continuous batching adds no wait to a step: admitting sentences into freed slots costs
+    only the encoder's padding check, once per admission."""
+    model = models["convs2s"][0]
+    sample = make_batch(vocab, 9, seed=5)
+    sentences = [utils.strip_pad(row, vocab.pad()) for row in sample["net_input"]["src_tokens"]]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    steps = count_rows(gen)
+    finishing = count_finishing_steps(monkeypatch, steps)
+    admissions = []
+    admit = DecodingEngine.admit
+
+    def recording(self, requests):
+        admissions.append(len(requests))
+        return admit(self, requests)
+
+    monkeypatch.setattr(DecodingEngine, "admit", recording)
+    engine = DecodingEngine(gen, max_sentences=3)
+    requests = [sentence_request(i, as_device(s), None) for i, s in enumerate(sentences)]
+    with counting_syncs(monkeypatch) as syncs, torch.inference_mode():
+        finished = list(run(engine, IteratorSource(requests)))
+    assert sorted(f.key for f in finished) == list(range(9)) and engine.refills > 0
+    search = {site: n for site, n in syncs.items() if "engine.py" in site}
+    assert search == {STEP: len(steps), FINISH: len(finishing)}, syncs
+    model_syncs = {site: n for site, n in syncs.items() if site not in search}
+    assert model_syncs == {"convs2s.py:forward": len(admissions)}, syncs

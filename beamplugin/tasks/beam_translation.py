@@ -13,18 +13,28 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from beamplugin.batching import LosslessBatchingDataset
+from beamplugin.generation_stream import ReadAhead
 from beamplugin.interactive_input import InteractiveLines, WithoutEmptySources, read_stdin_leniently
 from beamplugin.line_input import LineEncoder, max_source_positions
 from beamplugin.sequence_generator import SequenceGenerator
 
 logger = logging.getLogger(__name__)
 
+BATCHING_CHOICES = ChoiceEnum(["continuous", "static"])
 STOPPING_CHOICES = ChoiceEnum(["fairseq", "exact"])
 LENPEN_CHOICES = ChoiceEnum(["fairseq", "gnmt"])
 
 
 @dataclass
 class BeamTranslationConfig(TranslationConfig):
+    batching: BATCHING_CHOICES = field(
+        default="continuous",
+        metadata={
+            "help": "how fairseq-generate (and --eval-bleu validation) decode: 'continuous' as "
+            "one stream, new sentences joining as others finish, with --batch-size sentences "
+            "or --max-tokens source tokens in flight; 'static' batch after batch"
+        },
+    )
     search_stop: STOPPING_CHOICES = field(
         default="fairseq",
         metadata={
@@ -71,12 +81,46 @@ class BeamTranslationTask(TranslationTask):
         self._lossless: dict[int, LosslessBatchingDataset] = {}
         self._interactive_lines = InteractiveLines()
         self._max_source_positions = max_source_positions(self, [])
+        self._read_ahead: ReadAhead | None = None  # the batches handed out last
+        self._prefix_size = 0
 
     def get_batch_iterator(self, dataset: FairseqDataset, **kwargs: Any) -> Any:
         wrapped = self._lossless.get(id(dataset))
         if wrapped is None or wrapped.dataset is not dataset:
             wrapped = self._lossless[id(dataset)] = LosslessBatchingDataset(dataset)
-        return super().get_batch_iterator(wrapped, **kwargs)
+        epochs = super().get_batch_iterator(wrapped, **kwargs)
+        if self.cfg.batching == "continuous" and not hasattr(epochs, "_beamplugin_reads_ahead"):
+            # Each epoch's batches can be read ahead by inference_step (see generation_stream).
+            next_epoch_itr = epochs.next_epoch_itr
+            capacity = kwargs.get("max_sentences"), kwargs.get("max_tokens")
+
+            def read_ahead(*args: Any, **kw: Any) -> ReadAhead:
+                self._read_ahead = ReadAhead(next_epoch_itr(*args, **kw), *capacity)
+                return self._read_ahead
+
+            epochs.next_epoch_itr = read_ahead
+            epochs._beamplugin_reads_ahead = True
+        return epochs
+
+    def inference_step(
+        self,
+        generator: Any,
+        models: list[Any],
+        sample: dict[str, Any],
+        prefix_tokens: Any = None,
+        constraints: Any = None,
+    ) -> Any:
+        """With continuous batching, the hypotheses of a batch that fairseq-generate handed
+        out, decoded in one stream with the batches before and after it."""
+        batches = self._read_ahead
+        if (
+            isinstance(generator, SequenceGenerator)
+            and constraints is None
+            and batches is not None
+            and batches.is_current(sample)
+        ):
+            return batches.start_stream(generator, self._prefix_size).hypotheses(sample)
+        return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def filter_indices_by_size(
         self,
@@ -116,6 +160,7 @@ class BeamTranslationTask(TranslationTask):
         prefix_allowed_tokens_fn: Any = None,
     ) -> Any:
         self._prepare_for_input_lines(models)
+        self._prefix_size = getattr(args, "prefix_size", 0) or 0
         other = _needs_fairseq_generator(args, prefix_allowed_tokens_fn)
         if seq_gen_cls is not None or getattr(args, "score_reference", False) or other:
             if other:

@@ -1,0 +1,153 @@
+"""fairseq-generate's batches decoded as one stream (continuous batching).
+
+fairseq-generate asks the task for one batch's hypotheses at a time (``inference_step``) and
+prints them before it takes the next batch. To keep the engine full while a batch's last
+sentences finish, the task reads ahead: the batch iterator it hands out is a
+:class:`ReadAhead`, and the :class:`GenerationStream` behind it feeds the engine sentence after
+sentence, in the iterator's order, taking further batches from it whenever the engine has room;
+``inference_step`` returns once every sentence of the batch it was given is finished. Batches
+read ahead are handed to fairseq-generate later, as usual. Every sentence is a request of its
+own, so its results are those it gets alone. Capacity: ``--batch-size`` sentences and
+``--max-tokens`` source tokens in flight (fairseq's units: the engine counts beam x source).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from fairseq import utils
+
+from beamplugin.engine import DecodingEngine, Finished, Request
+from beamplugin.host_transfer import to_device
+from beamplugin.search.nbest import Hypothesis
+from beamplugin.sequence_generator import SequenceGenerator
+from beamplugin.stream import IteratorSource, run
+
+logger = logging.getLogger(__name__)
+
+Batch = dict[str, Any]
+
+
+class ReadAhead:
+    """A batch iterator (fairseq's CountingIterator, wrapped) that can be read ahead of its
+    consumer: batches taken early by :meth:`read` are still handed out, in order, by ``next``."""
+
+    def __init__(self, batches: Any, max_sentences: int | None, max_tokens: int | None) -> None:
+        self.batches = batches
+        self.max_sentences, self.max_tokens = max_sentences, max_tokens
+        self.handed_out: Batch | None = None  # the consumer's current batch
+        self._read_early: deque[Batch] = deque()  # read ahead, not handed out yet
+        # handed out before the stream read them (kept only once there is a stream)
+        self._unread: deque[Batch] = deque()
+        self.stream: GenerationStream | None = None
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> ReadAhead:
+        return self
+
+    def __next__(self) -> Batch:
+        if self._read_early:
+            self.handed_out = self._read_early.popleft()
+        else:
+            self.handed_out = next(self.batches)
+            if self.stream is not None:
+                self._unread.append(self.handed_out)
+        return self.handed_out
+
+    def __getattr__(self, name: str) -> Any:  # n, has_next, take, ...: the wrapped iterator's
+        return getattr(self.batches, name)
+
+    def start_stream(self, generator: SequenceGenerator, prefix_size: int) -> GenerationStream:
+        """The stream for ``generator``, from the batch handed out last on (made once)."""
+        if self.stream is None or self.stream.generator is not generator:
+            self._unread = deque([self.handed_out])
+            self.stream = GenerationStream(self, generator, prefix_size)
+        return self.stream
+
+    def read(self) -> Batch | None:
+        """The next batch in order that the stream has not read (None at the end)."""
+        if self._unread:
+            return self._unread.popleft()
+        batch = next(self.batches, None)
+        if batch is not None:
+            self._read_early.append(batch)
+        return batch
+
+    def is_current(self, sample: Batch) -> bool:
+        """Whether ``sample`` is the batch last handed out (or its copy on the GPU)."""
+        current = self.handed_out
+        if current is None or "id" not in sample:
+            return False
+        return sample is current or torch.equal(sample["id"].cpu(), current["id"])
+
+
+class GenerationStream:
+    """Decodes the batches of a :class:`ReadAhead` as one stream for ``inference_step``."""
+
+    def __init__(self, batches: ReadAhead, generator: SequenceGenerator, prefix_size: int):
+        self.batches = batches
+        self.generator = generator
+        self.prefix_size = prefix_size
+        max_tokens = batches.max_tokens and batches.max_tokens * generator.beam_size
+        self.engine = DecodingEngine(generator, batches.max_sentences, max_tokens)
+        self.pad = generator.pad
+        self.device = next(generator.model.parameters()).device
+        self.results: dict[int, Finished] = {}
+        self.sentences = 0
+        self._source_done = False
+        self._decoding = run(self.engine, IteratorSource(self.requests()))
+        self._reported = False
+
+    def requests(self) -> Iterator[Request]:
+        """Every sentence of every batch, in the iterator's order, one request each."""
+        while (batch := self.batches.read()) is not None:
+            if "net_input" not in batch:
+                continue
+            src_tokens = batch["net_input"]["src_tokens"]
+            prefixes = None
+            if self.prefix_size > 0:
+                prefixes = batch["target"][:, : self.prefix_size]
+            for row, sentence_id in enumerate(batch["id"].tolist()):
+                tokens = to_device(utils.strip_pad(src_tokens[row], self.pad), self.device)
+                prefix = None if prefixes is None else to_device(prefixes[row], self.device)
+                self.sentences += 1
+                yield Request([sentence_id], tokens.unsqueeze(0), None,
+                              None if prefix is None else prefix.unsqueeze(0))
+        self._source_done = True
+
+    def hypotheses(self, sample: Batch) -> list[list[Hypothesis]]:
+        """The hypotheses of every sentence of ``sample`` (the batch handed out last)."""
+        wanted = sample["id"].tolist()
+        with torch.inference_mode():
+            while any(i not in self.results for i in wanted):
+                finished = next(self._decoding)
+                self.results[finished.key] = finished
+        done = [self.results.pop(i) for i in wanted]
+        for finished in done:
+            if finished.error is not None:
+                raise finished.error
+        self._report()
+        return [finished.hypotheses for finished in done]
+
+    def _report(self) -> None:
+        if self._reported or not self._source_done or self.engine.live:
+            return
+        self._reported = True
+        batches = self.batches
+        capacity = " and ".join(
+            f"{limit} {unit}"
+            for limit, unit in ((batches.max_sentences, "sentences"),
+                                (batches.max_tokens, "source tokens"))
+            if limit
+        )
+        logger.info(
+            "continuous batching: %d sentences decoded as one stream, at most %s in flight; "
+            "%d sentences joined others mid-search",
+            self.sentences, capacity or "all", self.engine.refills,
+        )
