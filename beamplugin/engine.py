@@ -46,7 +46,9 @@ class Request:
 
     keys: list[Any]  # one per sentence: what its Finished result carries back
     src_tokens: Tensor  # [sentences, width], left-padded, each row ending in EOS
-    src_lengths: Tensor | None = None  # [sentences] for the encoder (non-pad tokens if None)
+    # [sentences] as fairseq's collater counts them (EOS included); if None, as fairseq's
+    # generator then counts them (without EOS)
+    src_lengths: Tensor | None = None
     prefix_tokens: Tensor | None = None  # [sentences, p] forced first tokens, pad: free choice
     max_len: int = -1  # output tokens before EOS is forced: set by DecodingEngine.check
 
@@ -155,12 +157,10 @@ class DecodingEngine:
             raise RuntimeError("these models decode one batch at a time")
         self.device = requests[0].src_tokens.device
         sentences: list[_Sentence] = []
-        encoder_lengths, src_lengths, prefixes = [], [], []
+        src_lengths, prefixes = [], []
         for request in requests:
             tokens, count = request.src_tokens, len(request.keys)
-            lengths = request.src_lengths
-            encoder_lengths.append(tokens.ne(gen.pad).long().sum(1) if lengths is None else lengths)
-            src_lengths.append(_source_lengths(tokens, gen))
+            src_lengths.append(_source_lengths(request, gen))
             prefix = request.prefix_tokens
             if prefix is None:
                 prefix = tokens.new_empty(count, 0)
@@ -184,12 +184,12 @@ class DecodingEngine:
             prefixes.append(prefix)
         net_input = {
             "src_tokens": _stack_padded([r.src_tokens for r in requests], gen.pad, left=True),
-            "src_lengths": torch.cat(encoder_lengths),
+            "src_lengths": torch.cat(src_lengths),
         }
         encoder_outs = self.model.encode(net_input)
         for memory, encoder_out in zip(self.memories, encoder_outs, strict=True):
             memory.write(first, encoder_out, len(sentences))
-        self._add_per_sentence(first, torch.cat(src_lengths), prefixes)
+        self._add_per_sentence(first, net_input["src_lengths"], prefixes)
         if first and self._pending is not None:
             self.refills += len(sentences)
         self.live.extend(sentences)
@@ -199,7 +199,7 @@ class DecodingEngine:
     def _output_limit(self, request: Request) -> int:
         gen = self.gen
         if gen.match_source_len:
-            max_len = int(to_host(_source_lengths(request.src_tokens, gen).max())[0])
+            max_len = int(to_host(_source_lengths(request, gen).max())[0])
         else:
             max_len = min(int(gen.max_len_a * request.width + gen.max_len_b), gen.max_len - 1)
         if gen.min_len > max_len:
@@ -212,7 +212,9 @@ class DecodingEngine:
     def _add_per_sentence(self, first: int, src_lengths: Tensor, prefixes: list[Tensor]) -> None:
         """The new sentences' rows of the per-sentence device tensors."""
         gen = self.gen
-        new = {"src_lengths": src_lengths}
+        new = {}
+        if gen.match_source_len:
+            new["src_lengths"] = src_lengths
         if gen.stopping == "exact":
             new["worst"] = torch.full((len(src_lengths),), -math.inf, device=self.device)
         if gen.length_constraints is not None:
@@ -301,27 +303,30 @@ class DecodingEngine:
             alive_beams, first_rows = alive_beams[order], first_rows[order]
             alive_tokens, alive_scores = alive_tokens[order], alive_scores[order]
         rows = (alive_beams + first_rows).view(-1)
-        new_tokens, scores, cumulative = alive_tokens.view(-1), alive_scores, alive_scores.view(-1)
+        new_tokens, scores = alive_tokens.view(-1, 1), alive_scores
         if fresh:
             # New sentences' rows: BOS after padding; one live hypothesis of score 0 (the other
             # beam - 1 rows are its copies, dead until they diverge after its first step).
             rows = torch.cat([rows, rows.new_zeros(fresh * beam)])  # placeholders, reset below
-            new_tokens = torch.cat([new_tokens, new_tokens.new_full((fresh * beam,), self.bos)])
+            new_tokens = torch.cat([new_tokens, new_tokens.new_full((fresh * beam, 1), self.bos)])
             start = scores.new_full((fresh, beam), -math.inf)
             start[:, 0] = 0
             scores = torch.cat([scores, start])
-            cumulative = scores.view(-1)
-        history = max(s.step for s in self.live)  # tokens after BOS the longest one has
-        self.tokens = torch.cat([self.tokens.index_select(0, rows), new_tokens.unsqueeze(1)], 1)
-        self.tokens = self.tokens[:, -(history + 1) :]
+        self.tokens = torch.cat([self.tokens.index_select(0, rows), new_tokens], 1)
         self.cumulative = torch.cat(
-            [self.cumulative.index_select(0, rows), cumulative.unsqueeze(1)], 1
-        )[:, -history:]
-        if fresh:
-            self.tokens[-fresh * beam :, :-1] = gen.pad
+            [self.cumulative.index_select(0, rows), scores.view(-1, 1)], 1
+        )
         if attn is not None:
             steps = torch.cat([_fit_width(self.attention, attn.size(1)), attn.unsqueeze(1)], 1)
-            self.attention = steps.index_select(0, rows)[:, -history:]
+            self.attention = steps.index_select(0, rows)
+        history = max(s.step for s in self.live)  # tokens after BOS the longest one has
+        if self.cumulative.size(1) > history:  # the longest ones left: drop their columns
+            self.tokens = self.tokens[:, -(history + 1) :]
+            self.cumulative = self.cumulative[:, -history:]
+            if attn is not None:
+                self.attention = self.attention[:, -history:]
+        if fresh:
+            self.tokens[-fresh * beam :, :-1] = gen.pad
         self.scores = scores
         self.rows_per_sentence = beam
         self.model.reorder_states(self.reorderers, self.states, rows, fresh * beam)
@@ -435,25 +440,30 @@ class DecodingEngine:
         """Give the n-best keepers of sentences ``sents`` (``sents_dev`` the same on the device)
         the hypotheses of rows ``rows`` followed by EOS."""
         gen = self.gen
-        steps = [self.live[s].step for s in sents]  # tokens before EOS
-        lengths = [step + 1 for step in steps]
+        lengths = [self.live[s].step + 1 for s in sents]  # tokens, EOS included
         eos = torch.full_like(rows, gen.eos).unsqueeze(1)
         tokens = torch.cat([self.tokens.index_select(0, rows), eos], 1)
         cumulative = torch.cat([self.cumulative.index_select(0, rows), eos_cumulative[:, None]], 1)
-        # A row's own columns are its last `length`; those before belong to longer rows.
         width = cumulative.size(1)
-        lengths_dev = to_device(lengths, self.device)
-        before = torch.arange(width, device=self.device) < width - lengths_dev.unsqueeze(1)
-        cumulative = cumulative.masked_fill(before, 0)
+        if any(length < width for length in lengths):
+            # A row's own columns are its last `length`; those before belong to longer rows.
+            lengths_dev = to_device(lengths, self.device)
+            before = torch.arange(width, device=self.device) < width - lengths_dev.unsqueeze(1)
+            cumulative = cumulative.masked_fill(before, 0)
         positional = cumulative - F.pad(cumulative[:, :-1], (1, 0))
         scores = eos_cumulative
         if gen.normalize_scores:
-            divisors = [length_normaliser(n, gen.len_penalty, gen.length_penalty_style)
-                        for n in lengths]
-            scores = scores / to_device(divisors, self.device, scores.dtype)
+            divisors = [
+                length_normaliser(n, gen.len_penalty, gen.length_penalty_style) for n in lengths
+            ]
+            if len(set(lengths)) == 1:  # one length (always, batch after batch): a number
+                scores = scores / divisors[0]
+            else:
+                scores = scores / to_device(divisors, self.device, scores.dtype)
         if gen.match_source_len:
             src_lengths = self.per_sentence["src_lengths"].index_select(0, sents_dev)
-            scores = scores.masked_fill(lengths_dev > src_lengths + 1, -math.inf)
+            too_long = to_device(lengths, self.device) > src_lengths + 1
+            scores = scores.masked_fill(too_long, -math.inf)
         fetched = [tokens, positional, scores]
         if attn is not None:
             history = _fit_width(self.attention, attn.size(1)).index_select(0, rows)
@@ -462,17 +472,19 @@ class DecodingEngine:
         # Returned tensors must be ordinary ones: callers change them in place
         # (fairseq-generate divides the positional scores by log 2).
         with torch.inference_mode(False):
-            tokens, positional, scores, *attention = [t.clone() for t in to_host(*fetched)]
-        for i, (sent, length) in enumerate(zip(sents, lengths, strict=True)):
-            sentence = self.live[sent]
-            own_attention = attention[0][i, -sentence.width :, -length:] if attention else None
-            sentence.nbest.add(
+            fetched = [t.clone().unbind() for t in to_host(*fetched)]  # one view per row
+        for sent, length, tokens, positional, score, *attention in zip(
+            sents, lengths, *fetched, strict=True
+        ):
+            own = slice(-length, None)  # the columns of longer rows come first
+            source = slice(-self.live[sent].width, None)
+            self.live[sent].nbest.add(
                 {
-                    "tokens": tokens[i, -length:],
-                    "score": scores[i],
-                    "attention": torch.empty(0) if own_attention is None else own_attention,
+                    "tokens": tokens[own],
+                    "score": score,
+                    "attention": attention[0][source, own] if attention else torch.empty(0),
                     "alignment": torch.empty(0),
-                    "positional_scores": positional[i, -length:],
+                    "positional_scores": positional[own],
                 }
             )
 
@@ -514,9 +526,13 @@ class _Pending(NamedTuple):
     order: Tensor | None  # old slot of each sentence that stays, if some left
 
 
-def _source_lengths(src_tokens: Tensor, gen: SequenceGenerator) -> Tensor:
-    """What fairseq's generator takes as source lengths: tokens without EOS and padding."""
-    return (src_tokens.ne(gen.eos) & src_tokens.ne(gen.pad)).long().sum(1)
+def _source_lengths(request: Request, gen: SequenceGenerator) -> Tensor:
+    """The request's source lengths, or what fairseq's generator counts without them: the
+    tokens but EOS and padding."""
+    if request.src_lengths is not None:
+        return request.src_lengths
+    tokens = request.src_tokens
+    return (tokens.ne(gen.eos) & tokens.ne(gen.pad)).long().sum(1)
 
 
 def _fill_holes(done: list[bool]) -> list[int]:

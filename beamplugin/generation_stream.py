@@ -25,7 +25,7 @@ from beamplugin.engine import DecodingEngine, Finished, Request
 from beamplugin.host_transfer import to_device
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.sequence_generator import SequenceGenerator
-from beamplugin.stream import IteratorSource, run
+from beamplugin.stream import IteratorSource, run, sentence_request
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +117,7 @@ class GenerationStream:
                 tokens = to_device(utils.strip_pad(src_tokens[row], self.pad), self.device)
                 prefix = None if prefixes is None else to_device(prefixes[row], self.device)
                 self.sentences += 1
-                yield Request([sentence_id], tokens.unsqueeze(0), None,
-                              None if prefix is None else prefix.unsqueeze(0))
+                yield sentence_request(sentence_id, tokens, prefix)
         self._source_done = True
 
     def hypotheses(self, sample: Batch) -> list[list[Hypothesis]]:

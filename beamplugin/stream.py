@@ -89,13 +89,16 @@ def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
 
 
 def sentence_request(key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None) -> Request:
-    """A request of one sentence: ``src_tokens`` 1-D, ending in EOS, no padding."""
+    """A request of one sentence: ``src_tokens`` 1-D, ending in EOS, no padding; decoded as
+    fairseq-generate and fairseq-interactive decode it in a batch of its own."""
     if src_tokens.dim() != 1 or src_tokens.numel() == 0:
         raise ValueError(
             f"a sentence is a non-empty 1-D token tensor, got shape {tuple(src_tokens.shape)}"
         )
     prefix = None if prefix_tokens is None else prefix_tokens.view(1, -1)
-    return Request([key], src_tokens.unsqueeze(0), prefix_tokens=prefix)
+    # its length as fairseq's collater gives it (EOS included) for match_source_len
+    length = torch.full((1,), len(src_tokens), device=src_tokens.device)
+    return Request([key], src_tokens.unsqueeze(0), length, prefix)
 
 
 def translate(

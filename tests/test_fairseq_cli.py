@@ -79,9 +79,10 @@ def _assert_same_lines(ours: list[list[str]], reference: list[list[str]]) -> Non
     "options",
     [
         ["--batch-size", "6"],
-        ["--max-tokens", "60", "--nbest", "2", "--prefix-size", "1", "--print-alignment"],
+        ["--max-tokens", "60", "--nbest", "2", "--prefix-size", "1", "--print-alignment",
+         "--match-source-len"],
     ],
-    ids=["batch-size", "max-tokens-nbest-prefix-alignment"],
+    ids=["batch-size", "max-tokens-nbest-prefix-alignment-match-source-len"],
 )
 def test_generate_as_one_stream_prints_what_batch_after_batch_prints(trained, options):
     data, ckpt = trained

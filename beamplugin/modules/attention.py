@@ -86,6 +86,7 @@ class AttentionMemoryPool:
     def __init__(self) -> None:
         self.memory: EncoderMemory = {}
         self.widths: list[int] = []  # per live slot: its source width (own padding included)
+        self._view: tuple[tuple[int, int], dict] | None = None
 
     @property
     def width(self) -> int:
@@ -149,10 +150,13 @@ class AttentionMemoryPool:
             self._reallocate(len(order), self.memory["keys"].size(0), max(self.widths))
 
     def view(self, sentences: int) -> dict:
-        """The encoder output that the decoder reads for the first ``sentences`` slots."""
-        return {
-            "attention_memory": {
+        """The encoder output that the decoder reads for the first ``sentences`` slots (made
+        again only when the pool changed: most steps just decode)."""
+        key = (sentences, id(self.memory["keys"]))
+        if self._view is None or self._view[0] != key:
+            memory = {
                 name: None if tensor is None else tensor[:sentences]
                 for name, tensor in self.memory.items()
             }
-        }
+            self._view = key, {"attention_memory": memory}
+        return self._view[1]

@@ -43,5 +43,5 @@ class NBest:
     def best_first(self, count: int) -> list[Hypothesis]:
         # The same sort call as fairseq, so that equal scores keep fairseq's order.
         scores = torch.tensor([float(h["score"]) for h in self.hypotheses])
-        order = torch.sort(scores, descending=True).indices[:count]
-        return [self.hypotheses[i] for i in order.tolist()]
+        order = torch.sort(scores, descending=True).indices.tolist()
+        return [self.hypotheses[i] for i in order[:count]]
