@@ -106,7 +106,7 @@ class DecodingEngine:
         self.per_sentence: dict[str, Tensor] = {}
         # Decoder rows: right-aligned histories, left-padded where sentences differ in step.
         self.rows_per_sentence = 1
-        self.tokens = torch.empty(0, 1, dtype=torch.long)  # [rows, steps + 1] BOS first
+        self.tokens: Tensor | None = None  # [rows, steps + 1] BOS first
         self.cumulative: Tensor | None = None  # [rows, steps] cumulative score history
         self.attention: Tensor | None = None  # [rows, steps, src] attention history
         self.scores: Tensor | None = None  # [sentences, hypotheses] cumulative scores
@@ -130,6 +130,11 @@ class DecodingEngine:
             raise ValueError(
                 f"a source of {request.width} tokens is longer than the model accepts "
                 f"({limit} tokens, end of sentence included)"
+            )
+        if self.max_sentences and len(request.keys) > self.max_sentences:
+            raise ValueError(
+                f"{len(request.keys)} sentences at once, more than the capacity of "
+                f"{self.max_sentences} sentences"
             )
         cost = self.beam * request.width * len(request.keys)
         if self.max_tokens and cost > self.max_tokens:
@@ -168,7 +173,10 @@ class DecodingEngine:
             else:
                 ends = prefix.eq(gen.eos)  # where a prefix forces EOS: known once, on the host
                 first_end, has_end = to_host(ends.long().argmax(1), ends.any(1))
-                prefix_ends = [e if h else -1 for e, h in zip(first_end, has_end, strict=True)]
+                prefix_ends = [
+                    e if h else -1
+                    for e, h in zip(first_end.tolist(), has_end.tolist(), strict=True)
+                ]
             sentences.extend(
                 _Sentence(
                     key=key,
@@ -176,7 +184,7 @@ class DecodingEngine:
                     width=request.width,
                     max_len=request.max_len,
                     prefix_len=prefix.size(1),
-                    prefix_end=int(prefix_ends[row]),
+                    prefix_end=prefix_ends[row],
                     nbest=NBest(self.beam, evict_worst=gen.stopping == "exact"),
                 )
                 for row, key in enumerate(request.keys)

@@ -86,7 +86,8 @@ class AttentionMemoryPool:
     def __init__(self) -> None:
         self.memory: EncoderMemory = {}
         self.widths: list[int] = []  # per live slot: its source width (own padding included)
-        self._view: tuple[tuple[int, int], dict] | None = None
+        # (sentences, the keys tensor, the view): the tensor itself, since an id can be reused
+        self._view: tuple[int, Tensor, dict] | None = None
 
     @property
     def width(self) -> int:
@@ -152,11 +153,11 @@ class AttentionMemoryPool:
     def view(self, sentences: int) -> dict:
         """The encoder output that the decoder reads for the first ``sentences`` slots (made
         again only when the pool changed: most steps just decode)."""
-        key = (sentences, id(self.memory["keys"]))
-        if self._view is None or self._view[0] != key:
+        keys = self.memory["keys"]
+        if self._view is None or self._view[0] != sentences or self._view[1] is not keys:
             memory = {
                 name: None if tensor is None else tensor[:sentences]
                 for name, tensor in self.memory.items()
             }
-            self._view = key, {"attention_memory": memory}
-        return self._view[1]
+            self._view = sentences, keys, {"attention_memory": memory}
+        return self._view[2]

@@ -1,0 +1,64 @@
+"""The convs2s attention memory pool on hand-made memories: slots written, moved, widened and
+narrowed, and the decoder's view always showing the current slots."""
+
+from __future__ import annotations
+
+import torch
+
+from beamplugin.modules import AttentionMemoryPool
+
+
+def memory(values: list[list[float]], padded: list[int] | None = None) -> dict:
+    """An encoder output of sentences whose values are ``values[s]`` per source position
+    (embed dim 2: the value and its negation), the first ``padded[s]`` positions padding."""
+    v = torch.tensor(values).unsqueeze(2).repeat(1, 1, 2)
+    v[:, :, 1] *= -1
+    mask = None
+    if padded is not None:
+        mask = torch.arange(v.size(1)).unsqueeze(0) < torch.tensor(padded).unsqueeze(1)
+        mask = mask.unsqueeze(1)
+    scale = torch.arange(1.0, len(values) + 1).view(-1, 1, 1)
+    out = {"keys": v.transpose(1, 2).contiguous(), "values": v, "padding_mask": mask,
+           "scale": scale}
+    return {"attention_memory": out}
+
+
+def slots(pool: AttentionMemoryPool, n: int) -> list[tuple[list[float], list[bool], float]]:
+    """Per slot: its values (first channel), padding mask and scale, as the decoder sees them."""
+    view = pool.view(n)["attention_memory"]
+    mask = view["padding_mask"]
+    rows = []
+    for s in range(n):
+        assert torch.equal(view["keys"][s], view["values"][s].t())
+        masked = [False] * view["values"].size(1) if mask is None else mask[s, 0].tolist()
+        rows.append((view["values"][s, :, 0].tolist(), masked, float(view["scale"][s])))
+    return rows
+
+
+def test_slots_are_written_moved_widened_and_narrowed():
+    pool = AttentionMemoryPool()
+    pool.write(0, memory([[1, 2], [3, 4]]), 2)  # a new batch is taken as it is
+    assert slots(pool, 2) == [([1, 2], [False, False], 1.0), ([3, 4], [False, False], 2.0)]
+    pool.write(2, memory([[0, 5, 6, 7]], padded=[1]), 1)  # wider: everything left-padded
+    assert slots(pool, 3) == [
+        ([0, 0, 1, 2], [True, True, False, False], 1.0),
+        ([0, 0, 3, 4], [True, True, False, False], 2.0),
+        ([0, 5, 6, 7], [True, False, False, False], 1.0),
+    ]
+    pool.rearrange([2, 1])  # sentence 0 left: the last one takes its slot
+    assert slots(pool, 2) == [
+        ([0, 5, 6, 7], [True, False, False, False], 1.0),
+        ([0, 0, 3, 4], [True, True, False, False], 2.0),
+    ]
+    pool.write(2, memory([[8]]), 1)  # narrower: padded to the pool's width
+    assert slots(pool, 3)[2] == ([0, 0, 0, 8], [True, True, True, False], 1.0)
+    pool.rearrange([2])  # only the one-token source stays: the pool narrows to it
+    assert pool.width == 1
+    assert slots(pool, 1) == [([8], [False], 1.0)]
+    pool.write(1, memory([[9, 10, 11, 12, 13]]), 1)  # grows again, beyond its capacity
+    assert slots(pool, 2) == [
+        ([0, 0, 0, 0, 8], [True, True, True, True, False], 1.0),
+        ([9, 10, 11, 12, 13], [False] * 5, 1.0),
+    ]
+    pool.write(0, memory([[7, 7]]), 1)  # a new batch replaces everything
+    assert slots(pool, 1) == [([7, 7], [False, False], 1.0)]
