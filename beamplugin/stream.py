@@ -193,6 +193,25 @@ class TranslationStream:
                 raise QueueFull(f"{self._queue.maxsize} sentences are waiting already") from None
         return future
 
+    def submit_together(self, sentences: list[Tensor]) -> list[Future]:
+        """Futures of several sentences (each decoded as on its own), queued all at once or, when
+        fewer places are free in the queue, none (:class:`QueueFull`): a caller that is refused
+        has nothing half-accepted."""
+        requests = [sentence_request(Future(), tokens, None) for tokens in sentences]
+        with self._lock:  # no other submit can take the places counted free here
+            if self._closed.is_set():
+                raise StreamClosed("the stream is closed")
+            if len(requests) > self._queue.maxsize:
+                raise ValueError(
+                    f"{len(requests)} sentences at once, more than the queue holds "
+                    f"({self._queue.maxsize})"
+                )
+            if self._queue.maxsize - self._queue.qsize() < len(requests):  # only grows meanwhile
+                raise QueueFull(f"no room for {len(requests)} more sentences in the queue")
+            for request in requests:
+                self._queue.put_nowait(request)
+        return [request.keys[0] for request in requests]
+
     def take(self, wait: bool) -> Request | None:
         try:
             item = self._queue.get(block=wait)

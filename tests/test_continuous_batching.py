@@ -8,8 +8,10 @@ different lengths, so they finish at very different steps and slots really refil
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
+from collections.abc import Iterator
 
 import pytest
 import test_sequence_generator
@@ -247,9 +249,9 @@ def test_translation_stream_from_many_threads(vocab, models, sentences):
         translator.submit(sentences[0])
 
 
-def test_a_full_queue_refuses_instead_of_growing(vocab, models, sentences):
-    model = models["convs2s"][0]
-    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+@contextlib.contextmanager
+def decoder_held_at_first_step(gen: SequenceGenerator) -> Iterator[threading.Event]:
+    """The model's first decoder step waits until the yielded event is set (10 s at most)."""
     started = threading.Event()
     release = threading.Event()
     decode_step = gen.model.decode_step
@@ -260,19 +262,51 @@ def test_a_full_queue_refuses_instead_of_growing(vocab, models, sentences):
         return decode_step(*args, **kwargs)
 
     gen.model.decode_step = slow
-    translator = TranslationStream(gen, max_sentences=1, max_queued=2)
     try:
-        first = translator.submit(sentences[0])
-        started.wait(10)  # the decoder holds the first sentence; two may wait
-        waiting = [translator.submit(sentences[i], block=False) for i in (1, 2)]
-        with pytest.raises(QueueFull):
-            translator.submit(sentences[3], block=False)
-        with pytest.raises(QueueFull):
-            translator.submit(sentences[3], timeout=0.05)
-        assert translator.queued == 2
+        yield started
     finally:
         release.set()
+        gen.model.decode_step = decode_step
+
+
+def test_a_full_queue_refuses_instead_of_growing(vocab, models, sentences):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    translator = TranslationStream(gen, max_sentences=1, max_queued=2)
+    try:
+        with decoder_held_at_first_step(gen) as started:
+            first = translator.submit(sentences[0])
+            started.wait(10)  # the decoder holds the first sentence; two may wait
+            waiting = [translator.submit(sentences[i], block=False) for i in (1, 2)]
+            with pytest.raises(QueueFull):
+                translator.submit(sentences[3], block=False)
+            with pytest.raises(QueueFull):
+                translator.submit(sentences[3], timeout=0.05)
+            assert translator.queued == 2
+    finally:
         translator.close()
-    gen.model.decode_step = decode_step
     assert_same([alone(gen, sentences[i]) for i in (0, 1, 2)],
                 [f.result() for f in (first, *waiting)])
+
+
+def test_sentences_submitted_together_are_queued_all_or_none(vocab, models, sentences):
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    translator = TranslationStream(gen, max_sentences=1, max_queued=3)
+    try:
+        with decoder_held_at_first_step(gen) as started:
+            first = translator.submit_together([sentences[0]])
+            started.wait(10)  # the decoder holds the first sentence; three may wait
+            pair = translator.submit_together([sentences[1], sentences[2]])
+            with pytest.raises(QueueFull):
+                translator.submit_together([sentences[3], sentences[4]])
+            assert translator.queued == 2  # nothing of the refused pair got in
+            last = translator.submit_together([sentences[4]])
+            with pytest.raises(ValueError, match="more than the queue holds"):
+                translator.submit_together(sentences[:4])
+    finally:
+        translator.close()
+    with pytest.raises(StreamClosed):
+        translator.submit_together([sentences[0]])
+    futures = first + pair + last
+    assert_same([alone(gen, sentences[i]) for i in (0, 1, 2, 4)], [f.result() for f in futures])
