@@ -9,6 +9,8 @@ from setuptools import find_packages, setup
 #  - torchaudio 2.11.0: ve-fairseq requires some torchaudio; 2.11.0 declares no torch pin, so it
 #    sits beside torch 2.13.0 instead of dragging in another torch; fairseq's text code never
 #    uses it.
+#  - aiohttp, prometheus-client: the translation server (beamplugin-serve); selenium (dev): its
+#    page tested in a real browser. See README, "Why these pins".
 INSTALL_REQUIRES = [
     "torch==2.13.0",
     "ve-fairseq==0.12.3",
@@ -16,6 +18,8 @@ INSTALL_REQUIRES = [
     "numpy==2.4.6",
     "sentencepiece==0.2.3",
     "sacrebleu==2.6.0",
+    "aiohttp==3.14.5",
+    "prometheus-client==0.26.0",
 ]
 
 setup(
@@ -24,6 +28,8 @@ setup(
     description=__doc__,
     packages=find_packages(include=["beamplugin", "beamplugin.*"]),
     python_requires=">=3.11",
+    package_data={"beamplugin": ["server_page.html"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"dev": ["pytest==9.2.0", "ruff==0.17.6"]},
+    extras_require={"dev": ["pytest==9.2.0", "ruff==0.17.6", "selenium==4.51.0"]},
+    entry_points={"console_scripts": ["beamplugin-serve = beamplugin.server:cli_main"]},
 )

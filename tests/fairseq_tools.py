@@ -44,3 +44,58 @@ def binarized_toy_corpus(root: Path) -> Path:
         "--joined-dictionary", "--workers", "1",
     )  # fmt: skip
     return data
+
+
+# A toy German-English language, word for word, for models that read and write raw text.
+TOY_WORDS = {
+    "der": "the", "die": "the", "rote": "red", "kleine": "small", "alte": "old",
+    "hund": "dog", "katze": "cat", "mann": "man", "frau": "woman", "vogel": "bird",
+    "schläft": "sleeps", "lacht": "laughs", "singt": "sings", "wartet": "waits",
+    "hier": "here", "dort": "there", "heute": "today", "oft": "often",
+}  # fmt: skip
+
+
+def toy_sentence_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    """``count`` sentences of 2 to 7 toy words and their word-for-word translations."""
+    rng = random.Random(seed)
+    german = sorted(TOY_WORDS)
+    pairs = []
+    for _ in range(count):
+        words = [rng.choice(german) for _ in range(rng.randint(2, 7))]
+        pairs.append((" ".join(words), " ".join(TOY_WORDS[w] for w in words)))
+    return pairs
+
+
+def sentencepiece_toy_model(root: Path, updates: int = 60) -> dict[str, Path]:
+    """A convs2s_tiny trained for ``updates`` steps on the toy language through a joint
+    sentencepiece model: what beamplugin-serve and fairseq-interactive --bpe sentencepiece need
+    (``data``, ``checkpoint``, ``spm``)."""
+    import sentencepiece as spm
+
+    pairs = {"train": toy_sentence_pairs(600, 0), "valid": toy_sentence_pairs(20, 1)}
+    raw = root / "raw.txt"
+    raw.write_text("".join(f"{de}\n{en}\n" for de, en in pairs["train"]))
+    spm.SentencePieceTrainer.train(
+        input=str(raw), model_prefix=str(root / "spm"), vocab_size=60, model_type="bpe",
+        character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2,
+    )  # fmt: skip
+    processor = spm.SentencePieceProcessor(model_file=str(root / "spm.model"))
+    for split, split_pairs in pairs.items():
+        for side, lang in enumerate(("de", "en")):
+            lines = processor.encode([pair[side] for pair in split_pairs], out_type=str)
+            (root / f"{split}.{lang}").write_text("".join(" ".join(p) + "\n" for p in lines))
+    data = root / "bin"
+    run_tool(
+        "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+        "--trainpref", str(root / "train"), "--validpref", str(root / "valid"),
+        "--destdir", str(data), "--joined-dictionary", "--workers", "1",
+    )  # fmt: skip
+    run_tool(
+        "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--arch", "convs2s_tiny", "--optimizer", "adam", "--lr", "0.01", "--clip-norm", "0.1",
+        "--max-tokens", "1500", "--max-update", str(updates), "--save-dir", str(root / "ckpt"),
+        "--cpu", "--no-progress-bar", "--seed", "1", "--no-epoch-checkpoints", "--log-interval",
+        "1000", "--disable-validation",
+    )  # fmt: skip
+    return {"data": data, "checkpoint": root / "ckpt" / "checkpoint_last.pt",
+            "spm": root / "spm.model"}  # fmt: skip

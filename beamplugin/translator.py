@@ -1,0 +1,180 @@
+"""Raw text in, n-best translations out, for a long-running process (the server): the models,
+generator, tokenizer and BPE set up from fairseq-interactive's options as fairseq-interactive sets
+them up, sentences decoded on one :class:`~beamplugin.stream.TranslationStream`.
+
+Thread-agnostic: ``encode`` and ``submit`` may be called from any thread, the futures resolve in
+the stream's decoder thread, ``render`` turns their hypotheses into what fairseq-interactive
+prints (its ``D-`` text, base-2 scores, ``A-`` alignment).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import logging
+import math
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from fairseq import checkpoint_utils, tasks, utils
+from fairseq_cli.generate import get_symbols_to_strip_from_output
+from omegaconf import DictConfig
+
+from beamplugin.line_input import LineEncoder, RefusedLine, max_source_positions
+from beamplugin.search.nbest import Hypothesis
+from beamplugin.sequence_generator import SequenceGenerator
+from beamplugin.stream import TranslationStream
+
+logger = logging.getLogger(__name__)
+
+# Sentences in flight when neither --batch-size nor --max-tokens is given (fairseq-interactive's
+# default of 1 would make a server that decodes one sentence at a time).
+DEFAULT_CAPACITY = 64
+
+
+class RefusedSentence(ValueError):
+    """Sentence ``index`` of a request cannot be translated; ``reason`` says why."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"sentence {index}: {reason}")
+        self.index, self.reason = index, reason
+
+
+@dataclass
+class Translation:
+    """One hypothesis as fairseq-interactive prints it: ``text`` its D- line's text, ``pieces``
+    its H- line's, ``score`` and ``positional_scores`` in base 2, ``alignment`` its A- line
+    (``src-tgt`` pairs; None unless the generator aligns)."""
+
+    text: str
+    pieces: str
+    score: float
+    positional_scores: list[float]
+    alignment: str | None
+    tokens: int  # output tokens, end of sentence included
+
+
+class Translator:
+    """The models of ``cfg`` (fairseq-interactive's options) behind one TranslationStream with
+    at most ``max_queued`` sentences waiting; each sentence is decoded as on its own."""
+
+    def __init__(self, cfg: DictConfig, max_queued: int) -> None:
+        self.cfg = cfg
+        self.task = tasks.setup_task(cfg.task)
+        overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+        logger.info("loading model(s) from %s", cfg.common_eval.path)
+        models, _ = checkpoint_utils.load_model_ensemble(
+            utils.split_paths(cfg.common_eval.path),
+            arg_overrides=overrides,
+            task=self.task,
+            suffix=cfg.checkpoint.checkpoint_suffix,
+            strict=(cfg.checkpoint.checkpoint_shard_count == 1),
+            num_shards=cfg.checkpoint.checkpoint_shard_count,
+        )
+        self.device = torch.device(
+            "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
+        )
+        for model in models:
+            if cfg.common.fp16:
+                model.half()
+            model.to(self.device)
+            model.prepare_for_inference_(cfg)
+        # Every hypothesis of the beam comes back, so a request can ask for up to --beam of them.
+        generation = copy.deepcopy(cfg.generation)
+        generation.nbest = generation.beam
+        self.generator = self.task.build_generator(models, generation)
+        if not isinstance(self.generator, SequenceGenerator):
+            raise ValueError(
+                "the server decodes with beamplugin's beam search (task beam_translation); "
+                "--sampling, diverse beam search and --constraints are not served"
+            )
+        self.nbest, self.beam = cfg.generation.nbest, self.generator.beam_size
+        self.aligns = bool(cfg.generation.print_alignment)
+        self.source_lang, self.target_lang = cfg.task.source_lang, cfg.task.target_lang
+        self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
+        tokenizer = self.task.build_tokenizer(cfg.tokenizer)
+        bpe = self.task.build_bpe(cfg.bpe)
+        self._decode_fn = _decoder(tokenizer, bpe)
+        self.encoder = LineEncoder(
+            self.src_dict, max_source_positions(self.task, models), _encoder(tokenizer, bpe)
+        )
+        self.align_dict = utils.load_align_dict(cfg.generation.replace_unk)
+        self._strip = get_symbols_to_strip_from_output(self.generator)
+        max_tokens = cfg.dataset.max_tokens and cfg.dataset.max_tokens * self.beam
+        max_sentences = cfg.dataset.batch_size or (None if max_tokens else DEFAULT_CAPACITY)
+        self.capacity = max_sentences, cfg.dataset.max_tokens
+        self.stream = TranslationStream(self.generator, max_sentences, max_tokens, max_queued)
+
+    def encode(self, lines: list[str]) -> list[torch.Tensor]:
+        """The source tokens of every line, or RefusedSentence for the first one that cannot be
+        translated (LineEncoder's reasons: not UTF-8, empty, too long for the model)."""
+        encoded = []
+        for index, line in enumerate(lines):
+            try:
+                encoded.append(self.encoder.encode(line).to(self.device))
+            except RefusedLine as refusal:
+                raise RefusedSentence(index, refusal.reason) from None
+        return encoded
+
+    def submit(self, sources: list[torch.Tensor]) -> list[Future]:
+        """A future of each sentence's hypotheses (best first), queued all together or, with
+        too few places free, none (``QueueFull``)."""
+        return self.stream.submit_together(sources)
+
+    def render(self, source: torch.Tensor, hypotheses: list[Hypothesis]) -> list[Translation]:
+        """``hypotheses`` of ``source`` as fairseq-interactive post-processes and prints them."""
+        post_process = self.cfg.common_eval.post_process
+        src_str = self.src_dict.string(utils.strip_pad(source, self.tgt_dict.pad()), post_process)
+        rendered = []
+        for hypo in hypotheses:
+            _, pieces, alignment = utils.post_process_prediction(
+                hypo_tokens=hypo["tokens"].int().cpu(),
+                src_str=src_str,
+                alignment=hypo["alignment"],
+                align_dict=self.align_dict,
+                tgt_dict=self.tgt_dict,
+                remove_bpe=post_process,
+                extra_symbols_to_ignore=self._strip,
+            )
+            rendered.append(
+                Translation(
+                    text=self._decode_fn(pieces),
+                    pieces=pieces,
+                    score=float(hypo["score"]) / math.log(2),
+                    positional_scores=(hypo["positional_scores"] / math.log(2)).tolist(),
+                    alignment=(
+                        " ".join(f"{s}-{t}" for s, t in alignment) if self.aligns else None
+                    ),
+                    tokens=len(hypo["tokens"]),
+                )
+            )
+        return rendered
+
+    def close(self) -> None:
+        """Take no more sentences; return once every accepted one is decoded."""
+        self.stream.close()
+
+
+def _encoder(tokenizer: Any, bpe: Any) -> Callable[[str], str]:
+    def encode_fn(text: str) -> str:
+        if tokenizer is not None:
+            text = tokenizer.encode(text)
+        if bpe is not None:
+            text = bpe.encode(text)
+        return text
+
+    return encode_fn
+
+
+def _decoder(tokenizer: Any, bpe: Any) -> Callable[[str], str]:
+    def decode_fn(text: str) -> str:
+        if bpe is not None:
+            text = bpe.decode(text)
+        if tokenizer is not None:
+            text = tokenizer.decode(text)
+        return text
+
+    return decode_fn
