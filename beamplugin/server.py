@@ -67,8 +67,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
         help="sentences that may wait for room in the engine; beyond that requests get 503",
     )  # fmt: skip
     server.add_argument(
-        "--max-request-sentences", type=int, default=64,
-        help="sentences in one request (at most --max-queued)",
+        "--max-request-sentences", type=int,
+        help="sentences in one request (default: 64, or --max-queued if smaller)",
     )  # fmt: skip
     server.add_argument(
         "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413"
@@ -78,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
         help="seconds a stopping server waits for accepted requests before it gives up on them",
     )  # fmt: skip
     args = options.parse_args_and_arch(parser, argv)
+    if args.max_request_sentences is None:
+        args.max_request_sentences = min(64, args.max_queued)
     if not 1 <= args.max_request_sentences <= args.max_queued:
         parser.error("--max-request-sentences must be between 1 and --max-queued")
     return args, convert_namespace_to_omegaconf(args)

@@ -1,0 +1,311 @@
+"""beamplugin-serve for real: a server process on 127.0.0.1 with a small trained model and its
+sentencepiece model, answering real HTTP from many concurrent clients. Every translation must be
+what fairseq-interactive prints for the line with the same options; bad input gets its status; a
+full queue answers 503; SIGTERM under load answers every accepted request and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from fairseq_tools import BIN, REPO, run_tool, sentencepiece_toy_model, toy_sentence_pairs
+
+LINES = [de for de, _ in toy_sentence_pairs(24, seed=7)]
+BODY_LIMIT = 100_000
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict[str, Path]:
+    return sentencepiece_toy_model(tmp_path_factory.mktemp("serve"))
+
+
+def model_options(toy: dict[str, Path]) -> list[str]:
+    """What both fairseq-interactive and the server are given."""
+    return [
+        str(toy["data"]), "--path", str(toy["checkpoint"]), "--beam", "4", "--nbest", "2",
+        "--bpe", "sentencepiece", "--sentencepiece-model", str(toy["spm"]),
+        "-s", "de", "-t", "en", "--cpu", "--print-alignment",
+    ]  # fmt: skip
+
+
+class Server:
+    """beamplugin-serve on a free port of 127.0.0.1, for at most ``lifetime`` seconds."""
+
+    def __init__(self, options: list[str], lifetime: int = 300) -> None:
+        command = ["timeout", "-k", "10", str(lifetime), str(BIN / "beamplugin-serve"),
+                   *options, "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+            env=dict(os.environ, OMP_NUM_THREADS="1"),
+        )  # fmt: skip
+        self.log: list[str] = []
+        started = threading.Event()
+        self.url = ""
+
+        def read_log() -> None:
+            for line in self.process.stderr:
+                self.log.append(line)
+                match = re.search(r"serving \S+ on (http://127\.0\.0\.1:\d+)", line)
+                if match:
+                    self.url = match[1]
+                    started.set()
+            started.set()
+
+        threading.Thread(target=read_log, daemon=True).start()
+        started.wait(240)
+        assert self.url, "the server did not start:\n" + "".join(self.log[-30:])
+
+    def stop(self) -> int:
+        """SIGTERM; its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(120)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server(toy):
+    server = Server(model_options(toy) + ["--batch-size", "6", "--max-body-bytes",
+                                          str(BODY_LIMIT)])  # fmt: skip
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def interactive(toy) -> dict[int, list[dict]]:
+    """fairseq-interactive's hypotheses of LINES, by line: D text, score, P and A lines."""
+    out = run_tool(
+        "fairseq-interactive", "--user-dir", "beamplugin", "--task", "beam_translation",
+        *model_options(toy), "--buffer-size", "8", "--batch-size", "8",
+        stdin="\n".join(LINES) + "\n",
+    ).stdout  # fmt: skip
+    hypotheses: dict[int, list[dict]] = {}
+    for line in out.splitlines():
+        kind, _, rest = line.partition("\t")
+        if not re.fullmatch(r"[DPA]-\d+", kind):
+            continue
+        index = int(kind[2:])
+        if kind[0] == "D":
+            score, text = rest.split("\t")
+            hypotheses.setdefault(index, []).append({"text": text, "score": float(score)})
+        elif kind[0] == "P":
+            hypotheses[index][-1]["positional"] = [float(x) for x in rest.split()]
+        else:
+            hypotheses[index][-1]["alignment"] = rest
+    assert sorted(hypotheses) == list(range(len(LINES)))
+    return hypotheses
+
+
+async def _post_all(url: str, bodies: list[tuple[str, dict]]) -> list[tuple[int, dict]]:
+    """Every (path, JSON body) POSTed at once, each from a client (connection) of its own."""
+
+    async def one(path: str, body: dict) -> tuple[int, dict]:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + path, json=body) as response:
+                return response.status, await response.json()
+
+    return await asyncio.gather(*(one(path, body) for path, body in bodies))
+
+
+def post_all(url: str, bodies: list[tuple[str, dict]]) -> list[tuple[int, dict]]:
+    return asyncio.run(asyncio.wait_for(_post_all(url, bodies), 120))
+
+
+def metric(text: str, name: str) -> float:
+    """A sample's value in Prometheus' text format (0 if absent)."""
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, flags=re.M)
+    return float(match[1]) if match else 0.0
+
+
+def test_concurrent_clients_get_what_fairseq_interactive_prints(server, interactive):
+    # one client per line, and requests of several lines, all at once
+    bodies = [("/v1/translate", {"sentences": [line], "alignment": True}) for line in LINES]
+    groups = [LINES[i : i + 5] for i in range(0, len(LINES), 5)]
+    bodies += [("/v1/translate", {"sentences": g, "nbest": 1}) for g in groups]
+    bodies += [("/translate", {"q": LINES[i], "source": "de", "target": "en"}) for i in (0, 3)]
+    bodies += [("/translate", {"q": LINES[5:9], "source": "de", "target": "en",
+                               "alternatives": 1})]  # fmt: skip
+    answers = post_all(server.url, bodies)
+    assert [status for status, _ in answers] == [200] * len(bodies), answers
+    for index, (_, answer) in enumerate(answers[: len(LINES)]):
+        [translation] = answer["translations"]
+        reference = interactive[index]
+        assert len(translation["hypotheses"]) == len(reference) == 2  # --nbest 2
+        for ours, theirs in zip(translation["hypotheses"], reference, strict=True):
+            assert ours["text"] == theirs["text"]
+            assert ours["score"] == pytest.approx(theirs["score"], abs=1e-4)
+            assert [round(p, 4) for p in ours["positional_scores"]] == pytest.approx(
+                theirs["positional"], abs=2e-4
+            )
+            assert ours["alignment"] == theirs["alignment"]
+    offset = len(LINES)
+    for g, group in enumerate(groups):
+        translations = answers[offset + g][1]["translations"]
+        first = LINES.index(group[0])
+        assert [t["hypotheses"][0]["text"] for t in translations] == [
+            interactive[first + i][0]["text"] for i in range(len(group))
+        ]
+        assert all(len(t["hypotheses"]) == 1 for t in translations)
+    libre = [answer for _, answer in answers[offset + len(groups) :]]
+    assert libre[0] == {"translatedText": interactive[0][0]["text"]}
+    assert libre[1] == {"translatedText": interactive[3][0]["text"]}
+    assert libre[2] == {
+        "translatedText": [interactive[i][0]["text"] for i in range(5, 9)],
+        "alternatives": [[interactive[i][1]["text"]] for i in range(5, 9)],
+    }
+
+
+def test_load_test_script_finds_nothing_lost_and_every_bad_input_refused(server, tmp_path):
+    sentences = tmp_path / "sentences.de"
+    sentences.write_text("\n".join(LINES[:12]) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "load_test_server.py"), "--url", server.url,
+         "--sentences", str(sentences), "--clients", "16", "--requests", "48",
+         "--body-limit", str(BODY_LIMIT), "--time-limit", "120"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "48 answered correctly" in result.stdout and "0 failures" in result.stdout
+
+
+def test_health_metrics_and_refusals(server):
+    async def scenario() -> dict:
+        async with aiohttp.ClientSession() as session:
+            async def get(path: str) -> tuple[int, str, str]:
+                async with session.get(server.url + path) as response:
+                    return response.status, response.content_type, await response.text()
+
+            before = await get("/metrics")
+            async with session.post(server.url + "/v1/translate",
+                                    json={"sentences": LINES[:3]}) as response:  # fmt: skip
+                assert response.status == 200
+                await response.json()
+            async with session.post(server.url + "/v1/translate",
+                                    json={"sentences": [LINES[0]] * 65}) as response:  # fmt: skip
+                too_many = response.status, await response.json()
+            async with session.get(server.url + "/translate") as response:
+                wrong_method = response.status, await response.json()
+            return {"health": await get("/health"), "before": before,
+                    "after": await get("/metrics"), "too_many": too_many,
+                    "wrong_method": wrong_method, "missing": await get("/missing")}  # fmt: skip
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 60))
+    status, content_type, text = seen["health"]
+    assert status == 200 and json.loads(text)["status"] == "ok"
+    assert seen["too_many"] == (400, {"error": "65 sentences: a request has 1 to 64"})
+    assert seen["wrong_method"][0] == 405 and "error" in seen["wrong_method"][1]
+    assert seen["missing"][0] == 404
+    assert seen["after"][1] == "text/plain"
+
+    before, after = seen["before"][2], seen["after"][2]
+    assert metric(after, "beamplugin_sentences_translated_total") - metric(
+        before, "beamplugin_sentences_translated_total"
+    ) == 3
+    assert metric(after, "beamplugin_source_tokens_total") > metric(
+        before, "beamplugin_source_tokens_total"
+    )
+    assert metric(after, "beamplugin_queue_depth") == 0
+    assert metric(after, "beamplugin_sentences_in_flight") == 0
+    v1 = 'beamplugin_request_latency_seconds_count{endpoint="/v1/translate"}'
+    assert metric(after, v1) - metric(before, v1) == 2  # the 400 is timed too
+    assert metric(after, 'beamplugin_requests_total{endpoint="/v1/translate",status="400"}') >= 1
+
+
+@pytest.fixture(scope="module")
+def small_server(toy):
+    """One sentence in flight, two waiting: easy to fill."""
+    server = Server(model_options(toy) + ["--batch-size", "1", "--max-queued", "2"])
+    yield server
+    server.stop()
+
+
+def test_a_full_queue_answers_503_with_retry_after(small_server, interactive):
+    async def scenario() -> list[tuple[int, dict, str | None]]:
+        async def one(line: str) -> tuple[int, dict, str | None]:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(small_server.url + "/v1/translate",
+                                        json={"sentences": [line]}) as response:  # fmt: skip
+                    return (response.status, await response.json(),
+                            response.headers.get("Retry-After"))  # fmt: skip
+
+        return await asyncio.gather(*(one(line) for line in LINES[:16]))
+
+    answers = asyncio.run(asyncio.wait_for(scenario(), 120))
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) == {200, 503}, statuses
+    for index, (status, answer, retry_after) in enumerate(answers):
+        if status == 503:
+            assert retry_after == "1" and "busy" in answer["error"]
+        else:
+            assert answer["translations"][0]["hypotheses"][0]["text"] == (
+                interactive[index][0]["text"]
+            )
+
+
+def test_sigterm_under_load_answers_every_accepted_request(small_server, interactive):
+    """Clients keep sending until the server is gone; SIGTERM comes while requests are in
+    flight. Every request must be answered 200 (with its translation) or refused at admission
+    (503, or no connection once the server stopped listening); the server exits 0 having
+    translated exactly the sentences answered 200."""
+    outcomes: list[tuple[float, str]] = []  # (time, what happened)
+    sigterm_at: list[float] = []
+
+    async def client(first: int) -> None:
+        # a connection per request: a refused one is refused at connect (or reset unread)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for step in range(200):
+                index = (first + step) % len(LINES)
+                try:
+                    async with session.post(small_server.url + "/v1/translate",
+                                            json={"sentences": [LINES[index]]}) as response:
+                        status, answer = response.status, await response.json()  # fmt: skip
+                except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                        aiohttp.ClientOSError):  # fmt: skip
+                    outcomes.append((time.monotonic(), "not connected"))
+                    return
+                if status == 200:
+                    text = answer["translations"][0]["hypotheses"][0]["text"]
+                    assert text == interactive[index][0]["text"]
+                    outcomes.append((time.monotonic(), "200"))
+                else:
+                    assert status == 503, (status, answer)
+                    outcomes.append((time.monotonic(), "503"))
+                    await asyncio.sleep(0.05)
+
+    async def terminate_while_busy() -> None:
+        while sum(1 for _, what in outcomes if what == "200") < 3:
+            await asyncio.sleep(0.01)
+        sigterm_at.append(time.monotonic())
+        small_server.process.send_signal(signal.SIGTERM)
+
+    async def scenario() -> float:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(small_server.url + "/metrics") as response:
+                earlier = metric(await response.text(), "beamplugin_sentences_translated_total")
+        await asyncio.gather(terminate_while_busy(), *(client(k) for k in range(8)))
+        return earlier
+
+    earlier = asyncio.run(asyncio.wait_for(scenario(), 150))
+    assert small_server.process.wait(60) == 0
+    log = "".join(small_server.log)
+    answered = sum(1 for _, what in outcomes if what == "200")
+    stopped = re.search(r"stopped: (\d+) sentences translated", log)
+    assert stopped and int(stopped[1]) == earlier + answered, log[-2000:]
+    # requests accepted before SIGTERM were still answered after it
+    assert any(what == "200" and at > sigterm_at[0] for at, what in outcomes)
+    assert sum(1 for _, what in outcomes if what == "not connected") == 8  # all saw it stop
