@@ -15,7 +15,12 @@ $(BIN)/.installed: setup.py
 demo: $(BIN)/.installed
 	PATH=$(CURDIR)/$(BIN):$$PATH bash data/run_demo.sh $(ARGS)
 
-test: $(BIN)/.installed
+# The server's page is tested in Debian's headless chromium through its driver (test_server.py).
+/usr/bin/chromedriver:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+
+test: $(BIN)/.installed /usr/bin/chromedriver
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 

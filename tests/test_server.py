@@ -309,3 +309,45 @@ def test_sigterm_under_load_answers_every_accepted_request(small_server, interac
     # requests accepted before SIGTERM were still answered after it
     assert any(what == "200" and at > sigterm_at[0] for at, what in outcomes)
     assert sum(1 for _, what in outcomes if what == "not connected") == 8  # all saw it stop
+
+
+def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path / 'profile'}"):  # fmt: skip
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        browser.set_page_load_timeout(60)
+        browser.get(server.url + "/")
+        assert browser.find_element(By.ID, "source").text == "de"
+        assert browser.find_element(By.ID, "target").text == "en"
+        nbest = browser.find_element(By.ID, "nbest")
+        nbest.clear()
+        nbest.send_keys("2")
+        browser.find_element(By.ID, "text").send_keys(LINES[4])
+        browser.find_element(By.ID, "translate").click()
+        WebDriverWait(browser, 60).until(
+            expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "tr.hypothesis"))
+        )
+        rows = browser.find_elements(By.CSS_SELECTOR, "tr.hypothesis")
+        shown = [
+            (row.find_element(By.CSS_SELECTOR, "td.text").text,
+             float(row.find_element(By.CSS_SELECTOR, "td.score").text))
+            for row in rows
+        ]  # fmt: skip
+    finally:
+        browser.quit()
+    assert [text for text, _ in shown] == [h["text"] for h in interactive[4]]
+    assert [score for _, score in shown] == pytest.approx(
+        [h["score"] for h in interactive[4]], abs=2e-4  # shown with 4 decimals
+    )
