@@ -328,6 +328,11 @@ async def serve(
     await stop.wait()
     logger.info("stopping: no new requests; answering those accepted")
     service.stopping = True
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # A second signal (``timeout`` and process managers send one to the child and one to
+        # its group) must not kill what is draining; the loop would restore the default.
+        loop.remove_signal_handler(signum)
+        signal.signal(signum, signal.SIG_IGN)
     await runner.cleanup()  # stops listening, then waits for the requests in progress
 
 
