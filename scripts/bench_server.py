@@ -31,7 +31,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import torch
@@ -50,6 +52,12 @@ def model_options(args: argparse.Namespace) -> list[str]:
         "--bpe", "sentencepiece", "--sentencepiece-model", str(args.spm),
         "-s", args.source_lang, "-t", args.target_lang, "--cpu",
     ]  # fmt: skip
+
+
+class Timing(NamedTuple):
+    wall: float  # seconds
+    cpu: float  # CPU seconds of the process that decoded
+    texts: list[str]
 
 
 class ServerProcess:
@@ -78,9 +86,25 @@ class ServerProcess:
         if not self.url:
             raise RuntimeError(f"beamplugin-serve {' '.join(arguments)} did not start")
 
+    def cpu_seconds(self) -> float:
+        """CPU time of the server (``timeout``'s child), all its threads, so far."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return cpu_seconds(int(children.read_text().split()[0]))
+
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(120)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def timed(run: Callable[[], tuple[float, list[str]]], cpu: Callable[[], float]) -> Timing:
+    before = cpu()
+    wall, texts = run()
+    return Timing(wall, cpu() - before, texts)
 
 
 async def _post(session: aiohttp.ClientSession, url: str, sentence: str) -> str:
@@ -193,27 +217,36 @@ def main() -> None:
         _, reference = offline(translator, sentences)  # warm-up
         asyncio.run(closed_loop(server.url, sentences[:64], args.clients))
         asyncio.run(closed_loop(single.url, sentences[:16], args.clients))
+        n = len(sentences)
         rows = []
         mismatches = 0
+        names = ("offline batch 64", "server", "one-at-a-time")
         for round_ in range(args.rounds):
-            t_offline, _ = offline(translator, sentences)
-            t_server, texts = asyncio.run(closed_loop(server.url, sentences, args.clients))
-            t_single, texts_single = asyncio.run(closed_loop(single.url, sentences, args.clients))
-            mismatches += sum(a != b for a, b in zip(texts, reference, strict=True))
-            mismatches += sum(a != b for a, b in zip(texts_single, reference, strict=True))
-            n = len(sentences)
-            rows.append((n / t_offline, n / t_server, n / t_single))
-            print(f"round {round_ + 1}: offline batch 64 {n / t_offline:6.1f} sent/s | "
-                  f"server {n / t_server:6.1f} sent/s (x{t_offline / t_server:.2f} offline) | "
-                  f"one-at-a-time {n / t_single:6.1f} sent/s (server x{t_single / t_server:.2f})",
-                  flush=True)  # fmt: skip
-        median = [statistics.median(r[k] for r in rows) for k in range(3)]
-        print(f"median: offline {median[0]:.1f}, server {median[1]:.1f}, one-at-a-time "
-              f"{median[2]:.1f} sent/s; server/offline x"
-              f"{statistics.median(r[1] / r[0] for r in rows):.2f}, server/one-at-a-time x"
-              f"{statistics.median(r[1] / r[2] for r in rows):.2f}; translations differing from "
-              f"offline: {mismatches} of {2 * args.rounds * len(sentences)}")  # fmt: skip
-        rate = median[1] / 2
+            timings = [
+                timed(lambda: offline(translator, sentences), time.process_time),
+                timed(lambda: asyncio.run(closed_loop(server.url, sentences, args.clients)),
+                      server.cpu_seconds),
+                timed(lambda: asyncio.run(closed_loop(single.url, sentences, args.clients)),
+                      single.cpu_seconds),
+            ]  # fmt: skip
+            for t in timings[1:]:
+                mismatches += sum(a != b for a, b in zip(t.texts, reference, strict=True))
+            rows.append([(n / t.wall, n / t.cpu) for t in timings])
+            print(f"round {round_ + 1}: " + " | ".join(
+                f"{name} {n / t.wall:.1f} sent/s, {n / t.cpu:.1f} per CPU-s"
+                for name, t in zip(names, timings, strict=True)), flush=True)  # fmt: skip
+        for k, unit in ((0, "sentences/s (wall clock)"), (1, "sentences per CPU-second")):
+            median = [statistics.median(r[i][k] for r in rows) for i in range(3)]
+            print(
+                f"median {unit}: offline {median[0]:.1f}, server {median[1]:.1f}, one-at-a-time "
+                f"{median[2]:.1f}; server/offline x"
+                f"{statistics.median(r[1][k] / r[0][k] for r in rows):.2f}, server/one-at-a-time "
+                f"x{statistics.median(r[1][k] / r[2][k] for r in rows):.2f}"
+            )
+        print(f"server translations differing from offline: {mismatches} of "
+              f"{2 * args.rounds * n}")  # fmt: skip
+        throughput = statistics.median(r[1][0] for r in rows)
+        rate = throughput / 2
         loaded = asyncio.run(open_loop(server.url, sentences, rate, seed=0))
         alone = asyncio.run(one_at_a_time(server.url, sentences[: args.latency_sentences]))
         print(f"latency at half saturation ({rate:.1f} requests/s, Poisson): p50 "
