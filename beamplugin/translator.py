@@ -127,11 +127,15 @@ class Translator:
     def render(self, source: torch.Tensor, hypotheses: list[Hypothesis]) -> list[Translation]:
         """``hypotheses`` of ``source`` as fairseq-interactive post-processes and prints them."""
         post_process = self.cfg.common_eval.post_process
-        src_str = self.src_dict.string(utils.strip_pad(source, self.tgt_dict.pad()), post_process)
+        # Token lists, not tensors: Dictionary.string reads a tensor element by element (~1 ms
+        # a sentence). The source text only serves --replace-unk.
+        src_str = ""
+        if self.align_dict is not None:
+            src_str = self.src_dict.string(source.tolist(), post_process)
         rendered = []
         for hypo in hypotheses:
             _, pieces, alignment = utils.post_process_prediction(
-                hypo_tokens=hypo["tokens"].int().cpu(),
+                hypo_tokens=hypo["tokens"].tolist(),
                 src_str=src_str,
                 alignment=hypo["alignment"],
                 align_dict=self.align_dict,

@@ -50,21 +50,26 @@ class Server:
             env=dict(os.environ, OMP_NUM_THREADS="1"),
         )  # fmt: skip
         self.log: list[str] = []
-        started = threading.Event()
-        self.url = ""
+        self._started = threading.Event()
+        self._url = ""
 
         def read_log() -> None:
             for line in self.process.stderr:
                 self.log.append(line)
                 match = re.search(r"serving \S+ on (http://127\.0\.0\.1:\d+)", line)
                 if match:
-                    self.url = match[1]
-                    started.set()
-            started.set()
+                    self._url = match[1]
+                    self._started.set()
+            self._started.set()
 
         threading.Thread(target=read_log, daemon=True).start()
-        started.wait(240)
-        assert self.url, "the server did not start:\n" + "".join(self.log[-30:])
+
+    @property
+    def url(self) -> str:
+        """Once it serves (it loads while the caller does other work)."""
+        self._started.wait(240)
+        assert self._url, "the server did not start:\n" + "".join(self.log[-30:])
+        return self._url
 
     def stop(self) -> int:
         """SIGTERM; its exit status."""
