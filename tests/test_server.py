@@ -174,6 +174,24 @@ def test_concurrent_clients_get_what_fairseq_interactive_prints(server, interact
     }
 
 
+def test_libretranslate_form_and_auto_source(server, interactive):
+    async def scenario() -> tuple[int, dict, int, dict]:
+        async with aiohttp.ClientSession() as session:
+            form = {"q": LINES[2], "source": "auto", "target": "en", "format": "text"}
+            async with session.post(server.url + "/translate", data=form) as response:
+                answer = response.status, await response.json()
+            async with session.get(server.url + "/languages") as response:
+                return (*answer, response.status, await response.json())
+
+    status, answer, languages_status, languages = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert (status, answer) == (200, {
+        "translatedText": interactive[2][0]["text"],
+        "detectedLanguage": {"language": "de", "confidence": 0.0},
+    })  # fmt: skip
+    assert (languages_status, languages) == (200, [{"code": "de", "name": "de",
+                                                    "targets": ["en"]}])  # fmt: skip
+
+
 def test_load_test_script_finds_nothing_lost_and_every_bad_input_refused(server, tmp_path):
     sentences = tmp_path / "sentences.de"
     sentences.write_text("\n".join(LINES[:12]) + "\n")
