@@ -12,7 +12,10 @@ and their medians:
   sending single-sentence requests back to back;
 - one-at-a-time: the same server program with --batch-size 1 (what fairseq-interactive with
   --buffer-size 1 does), the same clients.
-Then, on the server: p50/p99 latency of single-sentence requests arriving as a Poisson process at
+Each is given as sentences per second of wall clock and per CPU-second of the process that
+decodes (the server's, all its threads; this process's for offline): on a CPU shared with other
+work the wall clock mostly measures how much of it each process got. Then, on the server:
+p50/p99 latency of single-sentence requests arriving as a Poisson process at
 half its measured throughput, next to one request's latency alone (one client, one at a time).
 The servers run on 127.0.0.1 as subprocesses and stop (SIGTERM) at the end, or after an hour.
 Every server answer is checked against the offline translation of its sentence.
