@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -45,6 +46,14 @@ logger = logging.getLogger("beamplugin.server")
 PAGE = Path(__file__).with_name("server_page.html")
 RETRY_AFTER_SECONDS = 1
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
+
+
+def json_answer(
+    data: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """``data`` as a JSON response, non-ASCII text as UTF-8 rather than \\u escapes."""
+    dumps = functools.partial(json.dumps, ensure_ascii=False)
+    return web.json_response(data, status=status, headers=headers, dumps=dumps)
 
 
 class Refused(Exception):
@@ -114,17 +123,20 @@ class TranslationService:
         try:
             response = await handler(request)
         except Refused as refused:
-            response = web.json_response(
+            response = json_answer(
                 {"error": refused.message}, status=refused.status, headers=refused.headers
             )
         except web.HTTPException as error:  # aiohttp's own: 404, 405, 413 ...
             if error.status < 400:
                 raise
-            response = web.json_response(
+            response = json_answer(
                 {"error": error.text or error.reason}, status=error.status, headers={
                     k: v for k, v in error.headers.items() if k.lower() == "allow"
                 },
             )  # fmt: skip
+        except Exception as error:  # a failing model: the client is told, the server goes on
+            logger.exception("%s %s failed", request.method, request.path)
+            response = json_answer({"error": f"internal error: {error}"}, status=500)
         endpoint = request.match_info.route.resource
         path = endpoint.canonical if endpoint is not None else "other"
         self.metrics.requests.labels(path, str(response.status)).inc()
@@ -139,8 +151,9 @@ class TranslationService:
     async def _translate(self, lines: list[str], nbest: int) -> list[list[Translation]]:
         """The ``nbest`` best translations of each line, in order; Refused if the request
         cannot be taken (nothing of it is then queued)."""
+        stopping = Refused(503, "the server is stopping", {"Retry-After": str(RETRY_AFTER_SECONDS)})
         if self.stopping:
-            raise Refused(503, "the server is stopping", {"Retry-After": str(RETRY_AFTER_SECONDS)})
+            raise stopping
         if not 1 <= len(lines) <= self.max_request_sentences:
             raise Refused(
                 400, f"{len(lines)} sentences: a request has 1 to {self.max_request_sentences}"
@@ -158,7 +171,7 @@ class TranslationService:
                 {"Retry-After": str(RETRY_AFTER_SECONDS)},
             ) from None
         except StreamClosed:
-            raise Refused(503, "the server is stopping") from None
+            raise stopping from None
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         translations = []
         for source, hypotheses in zip(sources, results, strict=True):
@@ -199,7 +212,7 @@ class TranslationService:
             answer = {key: value[0] for key, value in answer.items()}
         if body.get("source") == "auto":  # no detection: this server has one source language
             answer["detectedLanguage"] = {"language": self.languages[0], "confidence": 0.0}
-        return web.json_response(answer)
+        return json_answer(answer)
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
         """``{"sentences": [...], "nbest": k, "alignment": bool}`` -> per sentence, in order,
@@ -216,7 +229,7 @@ class TranslationService:
         if alignment and not self.translator.aligns:
             raise Refused(400, "alignments are served when the server runs with --print-alignment")
         translations = await self._translate(sentences, nbest)
-        return web.json_response(
+        return json_answer(
             {
                 "translations": [
                     {"hypotheses": [_hypothesis(h, alignment) for h in hypotheses]}
@@ -229,11 +242,11 @@ class TranslationService:
 
     async def libre_languages(self, request: web.Request) -> web.Response:
         source, target = self.languages
-        return web.json_response([{"code": source, "name": source, "targets": [target]}])
+        return json_answer([{"code": source, "name": source, "targets": [target]}])
 
     async def health(self, request: web.Request) -> web.Response:
         stream = self.translator.stream
-        return web.json_response(
+        return json_answer(
             {
                 "status": "stopping" if self.stopping else "ok",
                 "queued": stream.queued,
