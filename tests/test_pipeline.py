@@ -282,8 +282,8 @@ def test_a_time_budget_stops_training_in_time_and_the_report_says_how_far_it_got
     assert updates >= 1
     assert (
         f"training:      convs2s_tiny, {updates / per_epoch:.1f} epochs ({updates} updates) in "
-        f"0 min {seconds:02d} s of training ({100 * seconds / 15:.0f}% of the 0.25-minute "
-        "budget); stopped by the time budget"
+        f"{seconds // 60} min {seconds % 60:02d} s of training ({100 * seconds / 15:.0f}% of "
+        "the 0.25-minute budget); stopped by the time budget"
     ) in result.stdout.splitlines()
     assert re.search(r"^test chrF:\s+[\d.]+  \(chrF2 = [\d.]+\)$", result.stdout, re.MULTILINE)
     assert "cleaning: 1200 pairs read, 1200 kept" in result.stdout
