@@ -61,7 +61,7 @@ train=(fairseq-train "$WORK/bin" --user-dir "$ROOT/beamplugin" --task beam_trans
 # The whole output goes to the log; the terminal gets fairseq's progress lines.
 progress() {
   tee -a "$WORK/logs/$STEP_NAME.log" | {
-    grep --line-buffered -E '\| (train_inner|train|valid) \||done training|oaded checkpoint|Error' ||
+    grep --line-buffered -E '\| (train_inner|train|valid) \||Stopping training|done training|oaded checkpoint|Error' ||
       true
   }
 }

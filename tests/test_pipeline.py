@@ -205,8 +205,9 @@ def demo(tmp_path_factory):
     first.wait(timeout=60)
     assert not (work / "done" / "train").exists()
 
+    # About two minutes on 2 free cores; a shared machine has taken over ten.
     second = subprocess.run(command, env=env_for(work), capture_output=True, text=True,
-                            timeout=600)
+                            timeout=1800)
     log = second.stdout + second.stderr
     assert second.returncode == 0, log
     return {"de": de, "en": en, "work": work, "log": log}
@@ -270,16 +271,20 @@ def test_a_time_budget_stops_training_in_time_and_the_report_says_how_far_it_got
     assert result.returncode == 0, result.stdout + result.stderr
     train_log = (work / "logs" / "train.log").read_text()
     # fairseq checks its training time (data loading included) after every update and stops
-    # at the first one past the budget; on a busy machine one update may take seconds.
+    # at the first one past the budget: over it by less than an update (on a busy machine one
+    # update of this tiny model has taken 15 s; on a free one it takes a fraction of a second).
     hours = re.search(r"cumulative_training_time: ([\d.]+) > stop_time_hours: 0.004166", train_log)
     assert hours, train_log[-3000:]
-    assert 15 < float(hours.group(1)) * 3600 < 15 + 10
-    # The step's own clock adds fairseq's start-up, the last validation and checkpoint.
-    seconds = int((work / "checkpoints" / "train_seconds").read_text())
-    assert 15 < seconds < 15 + 60
+    stopped_at = float(hours.group(1)) * 3600
     updates = int(re.findall(r"\| num_updates (\d+)", train_log)[-1])
     per_epoch = int(re.search(r"grouped total_num_itrs = (\d+)", train_log).group(1))
-    assert updates >= 1
+    train_wall = int(re.findall(r"\| train \| .*\| train_wall (\d+)", train_log)[-1])
+    assert 1 <= updates < per_epoch * 100000
+    assert 15 < stopped_at < 15 + 5 + 2 * train_wall / updates
+    # The step's own clock adds fairseq-train's start-up (seconds; 80 on the busy machine),
+    # the last validation and checkpoint.
+    seconds = int((work / "checkpoints" / "train_seconds").read_text())
+    assert stopped_at < seconds < stopped_at + 150
     assert (
         f"training:      convs2s_tiny, {updates / per_epoch:.1f} epochs ({updates} updates) in "
         f"{seconds // 60} min {seconds % 60:02d} s of training ({100 * seconds / 15:.0f}% of "
