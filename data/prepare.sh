@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Corpus -> aligned pairs -> train/valid/test -> joint sentencepiece -> fairseq binaries.
+# Corpus -> aligned, cleaned pairs -> train/valid/test -> joint sentencepiece -> fairseq binaries.
 #
 #   bash data/prepare.sh                          Ding German-English sentences (trans-de-en)
 #   bash data/prepare.sh --files FILE.de FILE.en  two aligned files, one sentence a line
@@ -42,18 +42,22 @@ for file in "${corpus[@]:1}"; do
 done
 # The work directory belongs to this corpus and these settings (the checksums catch edits).
 checksums="$(sha256sum "${corpus[@]:1}" | cut -c1-16 | paste -sd,)"
-claim "$WORK" "corpus=${corpus[0]}:$checksums langs=$SRC-$TGT valid=$VALID_SIZE \
-test=$TEST_SIZE seed=$SPLIT_SEED spm=$SPM_VOCAB" "$WORK/done/corpus"
+claim "$WORK" "corpus=${corpus[0]}:$checksums langs=$SRC-$TGT \
+clean=$CLEAN_MAX_CHARS,$CLEAN_MAX_RATIO valid=$VALID_SIZE test=$TEST_SIZE seed=$SPLIT_SEED \
+spm=$SPM_VOCAB" "$WORK/done/corpus"
 
 if begin_step corpus "$WORK/corpus"; then
   mkdir -p "$WORK/corpus"
+  # Read (refusing what cannot be a corpus), clean, and write corpus/all.SRC/.TGT; the
+  # cleaning log also goes to corpus/all.cleaning.log.
+  clean=("$WORK/corpus/all" "$SRC" "$TGT" "$CLEAN_MAX_CHARS" "$CLEAN_MAX_RATIO")
   case "${corpus[0]}" in
-    ding) "$PYTHON" "$DATA/extract_ding.py" "$DING" "$WORK/corpus/all" ;;
-    files) "$PYTHON" "$DATA/corpus.py" files "${corpus[1]}" "${corpus[2]}" "$WORK/corpus/all" \
-             "$SRC" "$TGT" ;;
-    tsv) "$PYTHON" "$DATA/corpus.py" tsv "${corpus[1]}" "$WORK/corpus/all" "$SRC" "$TGT" ;;
+    ding) "$PYTHON" "$DATA/extract_ding.py" "$DING" "$WORK/corpus/ding"
+          "$PYTHON" "$DATA/corpus.py" files "$WORK/corpus/ding."{de,en} "${clean[@]}" ;;
+    files) "$PYTHON" "$DATA/corpus.py" files "${corpus[1]}" "${corpus[2]}" "${clean[@]}" ;;
+    tsv) "$PYTHON" "$DATA/corpus.py" tsv "${corpus[1]}" "${clean[@]}" ;;
   esac
-  finish_step "$(count_lines "$WORK/corpus/all.$SRC") sentence pairs"
+  finish_step "$(count_lines "$WORK/corpus/all.$SRC") sentence pairs after cleaning"
 fi
 
 if begin_step split "$WORK/split"; then

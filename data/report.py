@@ -1,6 +1,6 @@
 """The demo's closing report, from what the pipeline left in the work directory.
 
-  report.py WORK SRC TGT ARCH
+  report.py WORK SRC TGT ARCH TRAIN_MINUTES
 
 Fails when our generator did not translate every test sentence exactly once.
 """
@@ -12,7 +12,10 @@ import re
 import sys
 from pathlib import Path
 
-_EPOCH = re.compile(r"\| train \| epoch (\d+) \|")
+_UPDATES_PER_EPOCH = re.compile(r"grouped total_num_itrs = (\d+)")
+_UPDATES = re.compile(r"\| (?:train|valid) \| epoch \d+ \|.*?\| num_updates (\d+)")
+_STOPPED_BY_TIME = "Stopping training due to cumulative_training_time"
+_EARLY_STOP = "early stop since valid performance hasn't improved"
 
 
 def _lines(path: Path) -> int:
@@ -24,12 +27,34 @@ def _minutes(seconds: int) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s"
 
 
-def report(work: Path, src: str, tgt: str, arch: str) -> list[str]:
+def training_summary(train_log: str, seconds: int, budget_minutes: float) -> str:
+    """How far training got (epochs, updates), in how much time, and why it stopped."""
+    per_epoch = _UPDATES_PER_EPOCH.findall(train_log)
+    updates = _UPDATES.findall(train_log)
+    done = int(updates[-1]) if updates else 0
+    epochs = f"{done / int(per_epoch[-1]):.1f} epochs" if per_epoch else "no epoch"
+    used = f"{_minutes(seconds)} of training"
+    if budget_minutes > 0:
+        share = 100 * seconds / (60 * budget_minutes)
+        used += f" ({share:.0f}% of the {budget_minutes:g}-minute budget)"
+    if _STOPPED_BY_TIME in train_log:
+        why = "stopped by the time budget"
+    elif _EARLY_STOP in train_log:
+        why = "stopped early: the valid loss stopped improving"
+    else:
+        why = "stopped at the recipe's epoch limit"
+    return f"{epochs} ({done} updates) in {used}; {why}"
+
+
+def report(work: Path, src: str, tgt: str, arch: str, budget_minutes: float) -> list[str]:
     parts = {part: _lines(work / "split" / f"{part}.{src}") for part in ("train", "valid", "test")}
     ours = json.loads((work / "eval/ours/result.json").read_text())
     theirs = json.loads((work / "eval/fairseq/result.json").read_text())
     seconds = int((work / "checkpoints/train_seconds").read_text())
-    epochs = _EPOCH.findall((work / "logs/train.log").read_text(encoding="utf-8"))
+    training = training_summary(
+        (work / "logs/train.log").read_text(encoding="utf-8"), seconds, budget_minutes
+    )
+    cleaning = (work / "corpus/all.cleaning.log").read_text(encoding="utf-8").splitlines()[1]
     ours_hyps = (work / f"eval/ours/hyps.{tgt}").read_text(encoding="utf-8").splitlines()
     their_hyps = (work / f"eval/fairseq/hyps.{tgt}").read_text(encoding="utf-8").splitlines()
     same = sum(a == b for a, b in zip(ours_hyps, their_hyps, strict=True))
@@ -43,9 +68,12 @@ def report(work: Path, src: str, tgt: str, arch: str) -> list[str]:
     lines = [
         f"corpus:        {sum(parts.values())} {src}-{tgt} sentence pairs: "
         + ", ".join(f"{part} {n}" for part, n in parts.items()),
-        f"training:      {arch}, {int(epochs[-1]) if epochs else 0} epochs in {_minutes(seconds)}",
+        f"               {cleaning} (see {work / 'corpus/all.cleaning.log'})",
+        f"training:      {arch}, {training}",
         f"test BLEU:     {ours['bleu']}  ({ours['bleu_line']})",
         f"               sacrebleu signature: {ours['signature']}",
+        f"test chrF:     {ours['chrf']}  ({ours['chrf_line']})",
+        f"               sacrebleu signature: {ours['chrf_signature']}",
         f"translations:  {ours['sentences']} hypotheses for {parts['test']} test sentences",
         f"our generator:      {ours['sentences_per_s']:8.1f} sentences/s"
         f"  (BLEU {ours['bleu']})",
@@ -58,9 +86,10 @@ def report(work: Path, src: str, tgt: str, arch: str) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 4:
+    if len(argv) != 5:
         sys.exit(__doc__)
-    print("\n".join(["", "==== beamplugin demo report ===="] + report(Path(argv[0]), *argv[1:])))
+    lines = report(Path(argv[0]), *argv[1:4], budget_minutes=float(argv[4]))
+    print("\n".join(["", "==== beamplugin demo report ===="] + lines))
 
 
 if __name__ == "__main__":

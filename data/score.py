@@ -1,10 +1,11 @@
-"""Score one fairseq-generate run: translations in input order, BLEU, speed.
+"""Score one fairseq-generate run: translations in input order, BLEU, chrF, speed.
 
   score.py [--partial-ok] GENERATE_OUT GENERATE_LOG REFERENCE HYP_FILE RESULT_JSON
       GENERATE_OUT/_LOG: fairseq-generate's stdout/stderr. REFERENCE is the raw target side of
       the test set (one sentence a line). Writes the translations to HYP_FILE (line i for
       sentence i) and {sentences, missing, sentences_per_s, bleu, bleu_line, signature} to
-      RESULT_JSON; prints the BLEU line with sacrebleu's signature. A missing translation is an
+      RESULT_JSON (with chrf, chrf_line, chrf_signature); prints the BLEU and chrF lines with
+      sacrebleu's signatures. A missing translation is an
       error, unless --partial-ok (for fairseq's own generator, whose batching can drop the last
       partial batch): then its line stays empty and there is no BLEU (it would not compare).
 """
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 from gen_output import OutputError, merge, speed
-from sacrebleu.metrics import BLEU
+from sacrebleu.metrics import BLEU, CHRF
 
 
 def score(
@@ -38,6 +39,9 @@ def score(
         "bleu": None,
         "bleu_line": "no BLEU: translations are missing",
         "signature": "",
+        "chrf": None,
+        "chrf_line": "no chrF: translations are missing",
+        "chrf_signature": "",
     }
     if not result["missing"]:
         bleu = BLEU()
@@ -46,6 +50,13 @@ def score(
             bleu=round(corpus_score.score, 2),
             bleu_line=str(corpus_score),
             signature=str(bleu.get_signature()),
+        )
+        chrf = CHRF()
+        chrf_score = chrf.corpus_score(found, [references])
+        result.update(
+            chrf=round(chrf_score.score, 2),
+            chrf_line=str(chrf_score),
+            chrf_signature=str(chrf.get_signature()),
         )
     return result
 
@@ -58,6 +69,7 @@ def main(argv: list[str]) -> None:
     result = score(*map(Path, argv[:4]), partial_ok=partial_ok)
     Path(argv[4]).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"{result['bleu_line']}  (signature {result['signature']})")
+    print(f"{result['chrf_line']}  (signature {result['chrf_signature']})")
     print(
         f"{result['sentences']} translations, {result['missing']} missing, "
         f"{result['sentences_per_s']} sentences/s"

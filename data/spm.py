@@ -11,6 +11,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+SAMPLE_SENTENCES = 300_000
+
 
 def train(model_prefix: str, vocab_size: int, inputs: list[str]) -> None:
     spm.SentencePieceTrainer.train(
@@ -22,6 +24,9 @@ def train(model_prefix: str, vocab_size: int, inputs: list[str]) -> None:
         character_coverage=1.0,
         # BPE keeps frequent words whole even when the corpus is tiny (unigram shreds them).
         model_type="bpe",
+        # A large corpus: learn from a random sample, so this step takes seconds on any corpus.
+        input_sentence_size=SAMPLE_SENTENCES,
+        shuffle_input_sentence=True,
         num_threads=2,
         minloglevel=1,
     )

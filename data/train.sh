@@ -6,7 +6,9 @@
 #
 # SAVE_DIR (default $WORK/checkpoints) and STEP_NAME (default train) let other scripts train
 # beside the main run; DDP_CPU_PROCS=N trains with N CPU processes (see train_ddp_cpu.sh).
-# Raising MAX_EPOCH after a finished run trains on from where it stopped.
+# Training stops after MAX_EPOCH epochs or TRAIN_MINUTES minutes of training (fairseq's
+# --stop-time-hours, counted over resumed runs; 0: no time limit), whichever comes first. Raising
+# either after a finished run trains on from where it stopped.
 # shellcheck source=data/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -19,8 +21,9 @@ claim "$SAVE_DIR" "arch=$ARCH ${TRAIN_ARGS[*]} $* processes=$DDP_CPU_PROCS" \
   "$SAVE_DIR/checkpoint_last.pt"
 
 marker="$WORK/done/$STEP_NAME"
-if [[ -f "$marker" && "$(cut -d' ' -f1 "$marker")" != "$MAX_EPOCH" ]]; then
-  STEP="$STEP_NAME" log "trained $(cut -d' ' -f1 "$marker") epochs before; going on to $MAX_EPOCH"
+limits="$MAX_EPOCH epochs, $TRAIN_MINUTES minutes"
+if [[ -f "$marker" && "$(sed 's/ at most.*//' "$marker")" != "$limits" ]]; then
+  STEP="$STEP_NAME" log "trained to at most $(sed 's/ at most.*//' "$marker") before; going on to $limits"
   rm "$marker"
 fi
 begin_step "$STEP_NAME" || exit 0
@@ -52,12 +55,13 @@ fi
 mkdir -p "$WORK/logs"
 train=(fairseq-train "$WORK/bin" --user-dir "$ROOT/beamplugin" --task beam_translation
   --source-lang "$SRC" --target-lang "$TGT" --arch "$ARCH" "${TRAIN_ARGS[@]}"
-  --max-epoch "$MAX_EPOCH" --save-dir "$SAVE_DIR" --no-epoch-checkpoints
+  --max-epoch "$MAX_EPOCH" --stop-time-hours "$(awk "BEGIN { print $TRAIN_MINUTES / 60 }")"
+  --save-dir "$SAVE_DIR" --no-epoch-checkpoints
   --log-format simple --log-interval 10 "$@")
 # The whole output goes to the log; the terminal gets fairseq's progress lines.
 progress() {
   tee -a "$WORK/logs/$STEP_NAME.log" | {
-    grep --line-buffered -E '\| (train_inner|train|valid) \||done training|oaded checkpoint|Error' ||
+    grep --line-buffered -E '\| (train_inner|train|valid) \||Stopping training|done training|oaded checkpoint|Error' ||
       true
   }
 }
@@ -98,4 +102,4 @@ echo "$seconds" >"$SAVE_DIR/train_seconds"
 of $WORK/logs/$STEP_NAME.log:
 $(tail -n 15 "$WORK/logs/$STEP_NAME.log")"
 [[ -f "$SAVE_DIR/$EVAL_CHECKPOINT" ]] || die "fairseq-train saved no $EVAL_CHECKPOINT"
-finish_step "$MAX_EPOCH epochs at most, $seconds s of training, checkpoints in $SAVE_DIR"
+finish_step "$limits at most, $seconds s of training, checkpoints in $SAVE_DIR"
