@@ -10,7 +10,8 @@ Given a plain weight, oneDNN lays it out in its blocked format on every product:
 write of the whole weight (8 MB for the projection) on top of the product's own read. Modules
 keep a packed copy instead (:class:`InferenceCache`): 2.6x faster for 5 rows when the weight
 comes from memory rather than cache, as it does between decoder steps, and bit-identical
-results for any number of rows.
+results for any number of rows. A model cast to bfloat16 or float16 packs its weights in that
+precision, on CPUs that multiply it in hardware (beamplugin.precision).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from beamplugin.precision import native_on_cpu
+
 # Weights with at least this many elements use oneDNN on CPU (a 8k x 256 vocabulary projection
 # has 2M; the iwslt decoder's 768 x 512 convolution, 0.4M, is as fast with MKL).
 ONEDNN_MIN_WEIGHTS = 1 << 20
@@ -32,6 +35,13 @@ _onednn_linear = (
     else None
 )
 _onednn_pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None) if _onednn_linear else None
+# Half-precision weights only where the CPU multiplies them in hardware: elsewhere oneDNN cannot
+# pack them (and torch's emulated products are slower than float32, see beamplugin.precision).
+ONEDNN_DTYPES = frozenset(
+    dtype
+    for dtype in (torch.float32, torch.bfloat16, torch.float16)
+    if _onednn_linear is not None and native_on_cpu(dtype)
+)
 
 
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -39,7 +49,8 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
         _onednn_linear is not None
         and weight.numel() >= ONEDNN_MIN_WEIGHTS
         and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
+        and x.dtype == weight.dtype
+        and weight.dtype in ONEDNN_DTYPES
         and not torch.is_grad_enabled()
     )
 
