@@ -8,7 +8,8 @@ widened to float32 before the temperature and the log-softmax (beamplugin.ensemb
 cumulative scores, length normalisation and the stop tests are float32.
 
 Where a precision has no hardware support (checked per device), float16 is refused with a clear
-message and bfloat16 decodes as asked with a warning: never a silent float32 run.
+message and bfloat16 decodes as asked with a warning: never a silent float32 run. ``int8``
+(CPU only) keeps float32 and multiplies the largest weights in int8 instead.
 """
 
 from __future__ import annotations
@@ -19,33 +20,41 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from beamplugin.modules.linear import InferenceCache, native_on_cpu
+
 logger = logging.getLogger(__name__)
 
-PRECISIONS = {"float32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Each precision and the dtype the models compute in: "int8" keeps float32 but multiplies the
+# largest weights in int8 (beamplugin.modules.linear.int8_linear), on the CPU only.
+PRECISIONS = {
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "int8": torch.float32,
+}
 
 
-def requested_precision(fp16: bool, bf16: bool) -> str:
-    """The precision fairseq's ``--fp16`` / ``--bf16`` ask for."""
-    if fp16 and bf16:
-        raise ValueError("--fp16 and --bf16 exclude each other: pass one of them")
-    return "fp16" if fp16 else "bf16" if bf16 else "float32"
+def requested_precision(fp16: bool, bf16: bool, int8: bool = False) -> str:
+    """The precision fairseq's ``--fp16`` / ``--bf16`` (or our task's ``--int8``) ask for."""
+    flags = {"fp16": fp16, "bf16": bf16, "int8": int8}
+    chosen = [name for name, on in flags.items() if on]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join('--' + c for c in chosen)} exclude each other: pass one")
+    return chosen[0] if chosen else "float32"
 
 
-def native_on_cpu(dtype: torch.dtype) -> bool:
-    """Whether this CPU multiplies ``dtype`` matrices in hardware (oneDNN's own test: AVX512-BF16
-    or AMX for bfloat16, AVX512-FP16 or AVX-NE-CONVERT for float16); without it torch converts
-    every element and its half-precision products are slower than float32."""
-    if dtype == torch.float32:
-        return True
-    if not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-
-
-def check_precision(dtype: torch.dtype, device: torch.device) -> None:
+def check_precision(precision: str, device: torch.device) -> None:
     """Refuse a precision that should not decode on ``device``; warn where it is slow."""
+    dtype = PRECISIONS[precision]
+    if precision == "int8":
+        if device.type != "cpu":
+            raise ValueError(
+                f"--int8 on {device}: int8 products run on the CPU only (torch's x86 quantized "
+                "engine); on a GPU decode with --fp16 or --bf16"
+            )
+        if "x86" not in torch.backends.quantized.supported_engines:
+            raise ValueError("--int8: this torch build has no x86 quantized engine (fbgemm)")
+        return
     if dtype == torch.float32:
         return
     if device.type == "cuda":
@@ -79,7 +88,10 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
     models = [m for m in models if m is not None]
     devices = {p.device for model in models for p in model.parameters()}
     for device in sorted(devices, key=str):
-        check_precision(dtype, device)
+        check_precision(precision, device)
     for model in models:
         model.to(dtype)
+        for module in model.modules():
+            if isinstance(module, InferenceCache):
+                module.int8_products = precision == "int8"
     return dtype

@@ -270,7 +270,7 @@ def test_generate_with_bf16_decodes_in_bfloat16(trained):
               "--batch-size", "16", "--gen-subset", "test"]  # fmt: skip
     bf16 = run_tool(*common, "--bf16")
     float32 = run_tool(*common)
-    assert "decoding in torch.bfloat16" in bf16.stderr + bf16.stdout
+    assert "decoding in bf16 (models in torch.bfloat16)" in bf16.stderr + bf16.stdout
     ours, reference = _hypotheses(bf16.stdout), _hypotheses(float32.stdout)
     assert sorted(ours) == sorted(reference) == list(range(N_TEST))
     same = [i for i in reference if ours[i][1] == reference[i][1]]
@@ -288,7 +288,7 @@ def test_interactive_with_bf16_answers_every_line(trained):
         "--task", "beam_translation", "--path", str(ckpt), "--beam", "3", "--cpu", "--bf16",
         "--source-lang", "de", "--target-lang", "en", stdin="\n".join(lines) + "\n",
     )  # fmt: skip
-    assert "decoding in torch.bfloat16" in out.stderr + out.stdout
+    assert "decoding in bf16 (models in torch.bfloat16)" in out.stderr + out.stdout
     assert _hypothesis_ids(out.stdout) == list(range(len(lines)))
 
 

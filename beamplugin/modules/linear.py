@@ -16,6 +16,7 @@ precision, on CPUs that multiply it in hardware (beamplugin.precision).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.precision import native_on_cpu
+
+def native_on_cpu(dtype: torch.dtype) -> bool:
+    """Whether this CPU multiplies ``dtype`` matrices in hardware (oneDNN's own test: AVX512-BF16
+    or AMX for bfloat16, AVX512-FP16 or AVX-NE-CONVERT for float16); without it torch converts
+    every element and its half-precision products are slower than float32."""
+    if dtype == torch.float32:
+        return True
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
 
 # Weights with at least this many elements use oneDNN on CPU (a 8k x 256 vocabulary projection
 # has 2M; the iwslt decoder's 768 x 512 convolution, 0.4M, is as fast with MKL).
@@ -42,6 +55,34 @@ ONEDNN_DTYPES = frozenset(
     for dtype in (torch.float32, torch.bfloat16, torch.float16)
     if _onednn_linear is not None and native_on_cpu(dtype)
 )
+
+
+# With int8 products on (beamplugin.precision, "int8"), weights of at least this many elements:
+# the vocabulary projection and the decoder convolutions (0.4M in iwslt's decoder); attention
+# projections (65k there) stay float32.
+INT8_MIN_WEIGHTS = 1 << 17
+
+
+def pack_int8(weight: Tensor, bias: Tensor | None) -> Any:
+    """``weight`` quantized to int8 per output channel (symmetric, scale max |w| / 127) and
+    packed with ``bias`` for :func:`int8_linear` (torch's x86 quantized engine, fbgemm)."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+    zero_points = torch.zeros(w.size(0), dtype=torch.long)
+    with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(w, scales, zero_points, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(
+        quantized, None if bias is None else bias.detach().float()
+    )
+
+
+def int8_linear(x: Tensor, packed: Any, out_features: int) -> Tensor:
+    """``F.linear`` with a :func:`pack_int8` weight: the rows of ``x`` are quantized to 8 bits
+    per product (one scale for all of them), multiplied in int8 and scaled back to float32."""
+    # reduce_range: 7-bit activations, so that AVX2's 16-bit sums of pairs cannot saturate
+    out = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.size(-1)), packed, True)
+    return out.view(*x.shape[:-1], out_features)
 
 
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -94,6 +135,7 @@ class InferenceCache(nn.Module):
         super().__init__(*args, **kwargs)  # the module's own arguments (nn.Linear's)
         self._cache: dict[str, Tensor | None] = {}
         self._cache_key: tuple[tuple[int, int], ...] | None = None
+        self.int8_products = False  # set by beamplugin.precision.cast_for_decoding
 
     def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
         """``make()``, computed once while the module's parameters are unchanged."""
@@ -109,7 +151,15 @@ class InferenceCache(nn.Module):
         self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str = "weight"
     ) -> Tensor:
         """:func:`linear` of ``weight`` (this module's, or derived from its parameters and
-        cached under ``name``), whose oneDNN packing is kept."""
+        cached under ``name``), whose oneDNN packing is kept; with int8 products on, a large
+        weight's :func:`int8_linear` instead, its int8 packing kept."""
+        if (
+            self.int8_products
+            and weight.numel() >= INT8_MIN_WEIGHTS
+            and not torch.is_grad_enabled()
+        ):
+            packed = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
+            return int8_linear(x, packed, weight.size(0))
         return linear(
             x, weight, bias, lambda: self.cached(f"{name} packed", lambda: pack_weight(weight))
         )

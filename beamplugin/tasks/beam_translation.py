@@ -52,6 +52,14 @@ class BeamTranslationConfig(TranslationConfig):
             "((5 + len) / 6)**lenpen (Wu et al. 2016)"
         },
     )
+    int8: bool = field(
+        default=False,
+        metadata={
+            "help": "CPU only: multiply the largest weights (vocabulary projection, decoder "
+            "convolutions) in int8, per output channel scales, activations quantized per "
+            "product; everything else and the search in float32"
+        },
+    )
     # fairseq's --fp16 / --bf16 (fairseq-generate casts the models only for --fp16)
     fp16: bool = II("common.fp16")
     bf16: bool = II("common.bf16")
@@ -166,11 +174,11 @@ class BeamTranslationTask(TranslationTask):
     ) -> Any:
         self._prepare_for_input_lines(models)
         self._prefix_size = getattr(args, "prefix_size", 0) or 0
-        precision = requested_precision(self.cfg.fp16, self.cfg.bf16)
+        precision = requested_precision(self.cfg.fp16, self.cfg.bf16, self.cfg.int8)
         if precision != "float32":
             lm_model = (extra_gen_cls_kwargs or {}).get("lm_model")
             dtype = cast_for_decoding([*models, lm_model], precision)
-            logger.info("decoding in %s (the search in float32)", dtype)
+            logger.info("decoding in %s (models in %s), the search in float32", precision, dtype)
         other = _needs_fairseq_generator(args, prefix_allowed_tokens_fn)
         if seq_gen_cls is not None or getattr(args, "score_reference", False) or other:
             if other:
