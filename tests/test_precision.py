@@ -146,7 +146,7 @@ def test_precision_flags_and_unsupported_combinations(convs2s):
     with pytest.raises(ValueError, match="exclude each other"):
         requested_precision(fp16=True, bf16=True)
     with pytest.raises(ValueError, match="precision must be one of"):
-        cast_for_decoding([convs2s], "int8")
+        cast_for_decoding([convs2s], "int4")
     model = copy.deepcopy(convs2s)
     if native_on_cpu(torch.float16):
         assert cast_for_decoding([model], "fp16") == torch.float16
