@@ -14,9 +14,15 @@ decodes the whole ``--gen-subset`` in each of our precisions and prints sacreBLE
 against the references (``--ref``, raw text), as fairseq-generate with ``--post-process
 sentencepiece`` would give them.
 
+``--products`` times the decoder's products alone instead (the 8000 x 256 vocabulary projection
+and a 768 -> 512 convolution, weights not in cache): our float32 product (packed oneDNN), torch's
+bfloat16 and float16 ``F.linear``, our int8 product, and ``torch._weight_int8pack_mm`` (int8
+weights, bfloat16 or float32 activations), as ratios to float32.
+
     python scripts/bench_precision.py --path CKPT.pt --data DATA-BIN --ref test.en \\
         --batch-sizes 1 64 --max-sentences 128
     python scripts/bench_precision.py --random     # fconv_iwslt_de_en shape, 8k vocabulary
+    python scripts/bench_precision.py --products --threads 2
 """
 
 from __future__ import annotations
@@ -24,10 +30,14 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import time
 from argparse import Namespace
+from collections.abc import Callable
+from functools import partial
 
 import sacrebleu
 import torch
+import torch.nn.functional as F
 from bench_generate import (
     checkpoint_batches,
     checkpoint_models,
@@ -41,6 +51,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
 from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.modules import linear as linear_module
 from beamplugin.precision import cast_for_decoding, native_on_cpu
 from beamplugin.sequence_generator import SequenceGenerator
 
@@ -52,15 +63,18 @@ def parse_args() -> Namespace:
     parser.add_argument("--gen-subset", default="test")
     parser.add_argument("--ref", help="raw reference text of --gen-subset: BLEU and chrF")
     parser.add_argument("--random", action="store_true", help="random fconv_iwslt_de_en model")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="*", default=[1, 64], help="none: BLEU only"
+    )
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-sentences", type=int, default=128, help="sentences timed")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp16"])
+    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "int8"])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--products", action="store_true", help="time the products alone")
     args = parser.parse_args()
-    if not args.random and not (args.path and args.data):
+    if not args.products and not args.random and not (args.path and args.data):
         parser.error("give --path and --data, or --random")
     return args
 
@@ -71,6 +85,53 @@ def in_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
         return model.half()  # what --fp16 --cpu refuses: timed to show why
     cast_for_decoding([model], precision)
     return model
+
+
+def time_products(args: Namespace) -> None:
+    flush = torch.zeros(64 * 1024 * 1024 // 4)  # a step streams other weights in between
+
+    def timed(product: Callable[[], torch.Tensor]) -> float:
+        product()
+        total = 0.0
+        for _ in range(10):
+            flush.add_(1.0)
+            start = time.perf_counter()
+            product()
+            total += time.perf_counter() - start
+        return total / 10 * 1e6
+
+    print(f"# torch {torch.__version__}, {args.threads} threads, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; median us per product, weights not in "
+          "cache; (xN: float32 time / this time)")  # fmt: skip
+    for out_features, in_features in [(8000, 256), (512, 768)]:
+        weight = torch.randn(out_features, in_features) / in_features**0.5
+        bias = torch.randn(out_features)
+        packed = linear_module.pack_weight(weight)
+        int8 = linear_module.pack_int8(weight, bias)
+        scales = weight.abs().amax(1) / 127
+        int8_weight = torch.round(weight / scales[:, None]).to(torch.int8)
+        for rows in [1, 5, 40, 320]:
+            x = torch.randn(rows, in_features)
+            half = {dtype: (x.to(dtype), weight.to(dtype), bias.to(dtype))
+                    for dtype in (torch.bfloat16, torch.float16)}  # fmt: skip
+            xb, sb, keep = half[torch.bfloat16][0], scales.bfloat16(), lambda p=packed: p
+            products = {
+                "float32 (ours)": partial(linear_module.linear, x, weight, bias, keep),
+                "bf16 F.linear": partial(F.linear, *half[torch.bfloat16]),
+                "fp16 F.linear": partial(F.linear, *half[torch.float16]),
+                "int8 (ours)": partial(linear_module.int8_linear, x, int8, out_features),
+                "int8pack_mm bf16": partial(torch._weight_int8pack_mm, xb, int8_weight, sb),
+                "int8pack_mm fp32": partial(torch._weight_int8pack_mm, x, int8_weight, scales),
+            }
+            times: dict[str, list[float]] = {name: [] for name in products}
+            for _ in range(args.repeats):
+                for name, product in products.items():
+                    times[name].append(timed(product))
+            median = {name: statistics.median(t) for name, t in times.items()}
+            base = median["float32 (ours)"]
+            print(f"{out_features} x {in_features}, {rows:>3} rows: " + " | ".join(
+                f"{name} {t:.0f} (x{base / t:.2f})" for name, t in median.items()
+            ))  # fmt: skip
 
 
 def best(outputs: list) -> list[list[int]]:
@@ -108,6 +169,10 @@ def quality(systems: dict, task, args: Namespace) -> None:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
+    if args.products:
+        with torch.inference_mode():
+            time_products(args)
+        return
     if args.random:
         fconv, dictionary, model_args = random_fconv(8000, args.seed)
         task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
