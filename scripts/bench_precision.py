@@ -91,14 +91,15 @@ def time_products(args: Namespace) -> None:
     flush = torch.zeros(64 * 1024 * 1024 // 4)  # a step streams other weights in between
 
     def timed(product: Callable[[], torch.Tensor]) -> float:
+        """Median of 10 products (a shared machine preempts some)."""
         product()
-        total = 0.0
+        times = []
         for _ in range(10):
             flush.add_(1.0)
             start = time.perf_counter()
             product()
-            total += time.perf_counter() - start
-        return total / 10 * 1e6
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
 
     print(f"# torch {torch.__version__}, {args.threads} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; median us per product, weights not in "
