@@ -1,4 +1,4 @@
-"""The floating-point precision models decode in: float32, bfloat16 or float16.
+"""The precision models decode in: float32, bfloat16, float16, or float32 with int8 products.
 
 The models compute in the chosen precision: their parameters are cast once, and the weights
 they derive for inference (folded weight norm, linearized convolutions, oneDNN's packed layout,
