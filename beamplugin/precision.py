@@ -20,6 +20,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from beamplugin.modules import linear as linear_module
 from beamplugin.modules.linear import InferenceCache, native_on_cpu
 
 logger = logging.getLogger(__name__)
@@ -89,9 +90,21 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
     devices = {p.device for model in models for p in model.parameters()}
     for device in sorted(devices, key=str):
         check_precision(precision, device)
+    caches = [m for model in models for m in model.modules() if isinstance(m, InferenceCache)]
+    if precision == "int8":
+        large = sum(
+            max(p.numel() for p in m.parameters()) >= linear_module.INT8_MIN_WEIGHTS
+            for m in caches
+        )
+        if not large:
+            raise ValueError(
+                "--int8: these models have no weight for int8 products (beamplugin's convs2s "
+                f"multiplies weights of {linear_module.INT8_MIN_WEIGHTS} elements or more in "
+                "int8); they would decode in float32: leave out --int8"
+            )
+        logger.info("--int8: %d weights multiplied in int8", large)
     for model in models:
         model.to(dtype)
-        for module in model.modules():
-            if isinstance(module, InferenceCache):
-                module.int8_products = precision == "int8"
+    for module in caches:
+        module.int8_products = precision == "int8"
     return dtype

@@ -302,3 +302,14 @@ def test_fp16_on_a_cpu_without_float16_is_refused_with_a_reason(trained):
     assert out.returncode != 0
     assert "--fp16 on this CPU: it has no float16 arithmetic" in out.stderr, out.stderr[-1500:]
     assert "H-" not in out.stdout
+
+
+def test_int8_with_a_model_too_small_for_it_is_refused_not_run_in_float32(trained):
+    data, ckpt = trained
+    out = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--path", str(ckpt), "--cpu", "--int8", "--batch-size", "8", check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--int8: these models have no weight for int8" in out.stderr, out.stderr[-1500:]
+    assert "H-" not in out.stdout

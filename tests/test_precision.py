@@ -147,6 +147,11 @@ def test_precision_flags_and_unsupported_combinations(convs2s):
         requested_precision(fp16=True, bf16=True)
     with pytest.raises(ValueError, match="precision must be one of"):
         cast_for_decoding([convs2s], "int4")
+    # the tiny model's weights are all below INT8_MIN_WEIGHTS; fairseq's fconv has no int8 path
+    for model in (convs2s, BUILDERS["fconv"](convs2s.decoder.dictionary, 1)):
+        with pytest.raises(ValueError, match="--int8: these models have no weight for int8"):
+            cast_for_decoding([model], "int8")
+    assert not convs2s.decoder.fc3.int8_products
     model = copy.deepcopy(convs2s)
     if native_on_cpu(torch.float16):
         assert cast_for_decoding([model], "fp16") == torch.float16
