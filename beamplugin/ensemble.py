@@ -166,21 +166,28 @@ class EnsembleDecoder(nn.Module):
             else:
                 out = model.decoder(tokens, encoder_out=encoder_out)
             extra = out[1] if len(out) > 1 else None
-            logits = out[0][:, -1:, :]
-            if temperature != 1.0:
-                logits = logits / temperature
-            lprobs.append(
-                model.get_normalized_probs((logits, extra), log_probs=True, sample=None)[:, -1, :]
-            )
+            lprobs.append(search_log_probs(model, out[0], extra, temperature))
             attn = _last_step_attention(extra)
             if attn is not None:
-                attns.append(attn)
+                attns.append(attn.float())
         if len(lprobs) == 1:
             return lprobs[0], attns[0] if attns else None
         # log of the mean probability, as fairseq's EnsembleModel
         mean_lprobs = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
         mean_attn = torch.stack(attns).sum(0).div_(len(attns)) if attns else None
         return mean_lprobs, mean_attn
+
+
+def search_log_probs(model: nn.Module, logits: Tensor, extra: Any, temperature: float) -> Tensor:
+    """The log-probs ``[rows, vocab]`` of the next token that the search reads: float32 whatever
+    precision the model computes in, its last step's logits widened before the temperature and
+    the model's log-softmax, so the search's scores, length normalisation and stop tests are
+    float32 (see beamplugin.precision)."""
+    logits = logits[:, -1:, :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lprobs = model.get_normalized_probs((logits, extra), log_probs=True, sample=None)
+    return lprobs[:, -1, :].float()
 
 
 def _last_step_attention(extra: Any) -> Tensor | None:

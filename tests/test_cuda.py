@@ -12,10 +12,12 @@ import torch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from test_precision import MIN_SAME_SHARE, N_SENTENCES, SCORE_TOLERANCE
 from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
+from beamplugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.stream import IteratorSource, run, sentence_request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -115,3 +117,33 @@ def test_stream_on_cuda_equals_each_sentence_alone_on_cpu(vocab):
         results = {f.key: f.hypotheses for f in run(engine, IteratorSource(requests))}
     assert engine.refills > 0
     assert_same(alone, [results[i] for i in range(len(sentences))])
+
+
+def _same_best(reference: list, out: list) -> list[tuple[dict, dict]]:
+    return [
+        (r[0], o[0])
+        for r, o in zip(reference, out, strict=True)
+        if r[0]["tokens"].tolist() == o[0]["tokens"].tolist()
+    ]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("arch", ["convs2s", "transformer"])
+def test_half_precision_on_cuda_against_fairseq_and_float32(vocab, arch, precision):
+    """--fp16 / --bf16 on a GPU: the search reads float32 log-probs; translations as
+    fairseq's generator gives on the same half-precision model (fairseq-generate --fp16) and,
+    on most sentences, as float32 (the bounds of tests/test_precision.py)."""
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bfloat16")
+    model = BUILDERS[arch](vocab, 1).cuda()
+    sample = on_cuda(make_batch(vocab, N_SENTENCES, seed=3))
+    options = dict(beam_size=5, max_len_b=20)
+    in_float32 = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    assert cast_for_decoding([model], precision) == PRECISIONS[precision]
+    fairseq = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    ours = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    assert ours[0][0]["score"].dtype == torch.float32
+    assert len(_same_best(fairseq, ours)) >= MIN_SAME_SHARE * N_SENTENCES
+    same = _same_best(in_float32, ours)
+    assert len(same) >= MIN_SAME_SHARE * N_SENTENCES, f"{len(same)} of {N_SENTENCES} equal"
+    assert max(abs(float(r["score"]) - float(o["score"])) for r, o in same) < SCORE_TOLERANCE

@@ -12,6 +12,7 @@ from fairseq_tools import N_TEST, binarized_toy_corpus, run_tool
 from hostile import RunsCode
 
 import beamplugin  # noqa: F401  (the safe loader reads the trained checkpoint below)
+from beamplugin.precision import native_on_cpu
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +251,65 @@ def test_training_goes_on_after_bleu_validation_with_our_generator(tmp_path):
     validated = [int(n) for n in re.findall(validation, log)]
     assert validated[:2] == [2, 3] and validated[-1] == 6, validated
     assert "done training" in log
+
+
+def _hypotheses(output: str) -> dict[int, tuple[float, str]]:
+    """Per sentence id, the score and text of its first H line."""
+    found: dict[int, tuple[float, str]] = {}
+    for match in re.finditer(r"^H-(\d+)\t(\S+)\t(.*)$", output, flags=re.M):
+        found.setdefault(int(match[1]), (float(match[2]), match[3]))
+    return found
+
+
+def test_generate_with_bf16_decodes_in_bfloat16(trained):
+    """fairseq-generate casts the models only for --fp16; with our task --bf16 decodes in
+    bfloat16 (not silently in float32): scores move by bfloat16's rounding, translations hold."""
+    data, ckpt = trained
+    common = ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--task",
+              "beam_translation", "--path", str(ckpt), "--beam", "4", "--cpu",
+              "--batch-size", "16", "--gen-subset", "test"]  # fmt: skip
+    bf16 = run_tool(*common, "--bf16")
+    float32 = run_tool(*common)
+    assert "decoding in bf16 (models in torch.bfloat16)" in bf16.stderr + bf16.stdout
+    ours, reference = _hypotheses(bf16.stdout), _hypotheses(float32.stdout)
+    assert sorted(ours) == sorted(reference) == list(range(N_TEST))
+    same = [i for i in reference if ours[i][1] == reference[i][1]]
+    assert len(same) >= 0.8 * N_TEST, f"{len(same)} of {N_TEST} translations equal"
+    gaps = [abs(ours[i][0] - reference[i][0]) for i in same]
+    assert max(gaps) > 0, "bf16 scores equal float32's: the models were not cast"
+    assert max(gaps) < 0.05, max(gaps)
+
+
+def test_interactive_with_bf16_answers_every_line(trained):
+    data, ckpt = trained
+    lines = ["w1 w2 w3", "w5", "w7 w7 w8 w9 w10"]
+    out = run_tool(
+        "fairseq-interactive", str(data), "--user-dir", "beamplugin",
+        "--task", "beam_translation", "--path", str(ckpt), "--beam", "3", "--cpu", "--bf16",
+        "--source-lang", "de", "--target-lang", "en", stdin="\n".join(lines) + "\n",
+    )  # fmt: skip
+    assert "decoding in bf16 (models in torch.bfloat16)" in out.stderr + out.stdout
+    assert _hypothesis_ids(out.stdout) == list(range(len(lines)))
+
+
+@pytest.mark.skipif(native_on_cpu(torch.float16), reason="this CPU multiplies float16")
+def test_fp16_on_a_cpu_without_float16_is_refused_with_a_reason(trained):
+    data, ckpt = trained
+    out = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--path", str(ckpt), "--cpu", "--fp16", "--batch-size", "8", check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--fp16 on this CPU: it has no float16 arithmetic" in out.stderr, out.stderr[-1500:]
+    assert "H-" not in out.stdout
+
+
+def test_int8_with_a_model_too_small_for_it_is_refused_not_run_in_float32(trained):
+    data, ckpt = trained
+    out = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--path", str(ckpt), "--cpu", "--int8", "--batch-size", "8", check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--int8: these models have no weight for int8" in out.stderr, out.stderr[-1500:]
+    assert "H-" not in out.stdout

@@ -29,8 +29,9 @@ def encoder_memory(encoder_out: dict) -> EncoderMemory:
     if padding_mask is None:
         scale = values.new_full((values.size(0), 1, 1), src_len * math.sqrt(1.0 / src_len))
     else:
-        lengths = src_len - padding_mask.type_as(values).sum(dim=1, keepdim=True).unsqueeze(-1)
-        scale = lengths * lengths.rsqrt()
+        # counted in float32: bfloat16 holds integers exactly only up to 256
+        lengths = src_len - padding_mask.float().sum(dim=1, keepdim=True).unsqueeze(-1)
+        scale = (lengths * lengths.rsqrt()).to(values.dtype)
         padding_mask = padding_mask.unsqueeze(1)
     return {
         "keys": keys.transpose(1, 2).contiguous(),

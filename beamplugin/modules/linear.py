@@ -10,17 +10,33 @@ Given a plain weight, oneDNN lays it out in its blocked format on every product:
 write of the whole weight (8 MB for the projection) on top of the product's own read. Modules
 keep a packed copy instead (:class:`InferenceCache`): 2.6x faster for 5 rows when the weight
 comes from memory rather than cache, as it does between decoder steps, and bit-identical
-results for any number of rows.
+results for any number of rows. A model cast to bfloat16 or float16 packs its weights in that
+precision, on CPUs that multiply it in hardware (beamplugin.precision).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+def native_on_cpu(dtype: torch.dtype) -> bool:
+    """Whether this CPU multiplies ``dtype`` matrices in hardware (oneDNN's own test: AVX512-BF16
+    or AMX for bfloat16, AVX512-FP16 or AVX-NE-CONVERT for float16); without it torch converts
+    every element and its half-precision products are slower than float32."""
+    if dtype == torch.float32:
+        return True
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
 
 # Weights with at least this many elements use oneDNN on CPU (a 8k x 256 vocabulary projection
 # has 2M; the iwslt decoder's 768 x 512 convolution, 0.4M, is as fast with MKL).
@@ -32,6 +48,41 @@ _onednn_linear = (
     else None
 )
 _onednn_pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None) if _onednn_linear else None
+# Half-precision weights only where the CPU multiplies them in hardware: elsewhere oneDNN cannot
+# pack them (and torch's emulated products are slower than float32, see beamplugin.precision).
+ONEDNN_DTYPES = frozenset(
+    dtype
+    for dtype in (torch.float32, torch.bfloat16, torch.float16)
+    if _onednn_linear is not None and native_on_cpu(dtype)
+)
+
+
+# With int8 products on (beamplugin.precision, "int8"), weights of at least this many elements:
+# the vocabulary projection and the decoder convolutions (0.4M in iwslt's decoder); attention
+# projections (65k there) stay float32.
+INT8_MIN_WEIGHTS = 1 << 17
+
+
+def pack_int8(weight: Tensor, bias: Tensor | None) -> Any:
+    """``weight`` quantized to int8 per output channel (symmetric, scale max |w| / 127) and
+    packed with ``bias`` for :func:`int8_linear` (torch's x86 quantized engine, fbgemm)."""
+    w = weight.detach().float()
+    scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
+    zero_points = torch.zeros(w.size(0), dtype=torch.long)
+    with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated
+        warnings.simplefilter("ignore", UserWarning)
+        quantized = torch.quantize_per_channel(w, scales, zero_points, 0, torch.qint8)
+    return torch.ops.quantized.linear_prepack(
+        quantized, None if bias is None else bias.detach().float()
+    )
+
+
+def int8_linear(x: Tensor, packed: Any, out_features: int) -> Tensor:
+    """``F.linear`` with a :func:`pack_int8` weight: the rows of ``x`` are quantized to 8 bits
+    per product (one scale for all of them), multiplied in int8 and scaled back to float32."""
+    # reduce_range: 7-bit activations, so that AVX2's 16-bit sums of pairs cannot saturate
+    out = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.size(-1)), packed, True)
+    return out.view(*x.shape[:-1], out_features)
 
 
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -39,7 +90,8 @@ def uses_onednn(x: Tensor, weight: Tensor) -> bool:
         _onednn_linear is not None
         and weight.numel() >= ONEDNN_MIN_WEIGHTS
         and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
+        and x.dtype == weight.dtype
+        and weight.dtype in ONEDNN_DTYPES
         and not torch.is_grad_enabled()
     )
 
@@ -83,6 +135,7 @@ class InferenceCache(nn.Module):
         super().__init__(*args, **kwargs)  # the module's own arguments (nn.Linear's)
         self._cache: dict[str, Tensor | None] = {}
         self._cache_key: tuple[tuple[int, int], ...] | None = None
+        self.int8_products = False  # set by beamplugin.precision.cast_for_decoding
 
     def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
         """``make()``, computed once while the module's parameters are unchanged."""
@@ -98,7 +151,15 @@ class InferenceCache(nn.Module):
         self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str = "weight"
     ) -> Tensor:
         """:func:`linear` of ``weight`` (this module's, or derived from its parameters and
-        cached under ``name``), whose oneDNN packing is kept."""
+        cached under ``name``), whose oneDNN packing is kept; with int8 products on, a large
+        weight's :func:`int8_linear` instead, its int8 packing kept."""
+        if (
+            self.int8_products
+            and weight.numel() >= INT8_MIN_WEIGHTS
+            and not torch.is_grad_enabled()
+        ):
+            packed = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
+            return int8_linear(x, packed, weight.size(0))
         return linear(
             x, weight, bias, lambda: self.cached(f"{name} packed", lambda: pack_weight(weight))
         )

@@ -34,7 +34,11 @@ class FoldedWeightNorm(InferenceCache):
         return self.cached("weight", self._fold)
 
     def _fold(self) -> Tensor:
-        return torch._weight_norm(self.weight_v, self.weight_g, self.norm_dim)
+        v, g = self.weight_v, self.weight_g
+        if v.dtype == torch.float32:
+            return torch._weight_norm(v, g, self.norm_dim)
+        # half precision: norm and scaling in float32, one rounding of the folded weight
+        return torch._weight_norm(v.float(), g.float(), self.norm_dim).to(v.dtype)
 
     def derived_weight(self, name: str, derive: Callable[[Tensor], Tensor]) -> Tensor:
         """``derive(weight)`` (e.g. another layout for decoding), cached with the folded weight."""

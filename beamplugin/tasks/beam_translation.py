@@ -11,11 +11,13 @@ from fairseq.data import FairseqDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import II
 
 from beamplugin.batching import LosslessBatchingDataset
 from beamplugin.generation_stream import ReadAhead
 from beamplugin.interactive_input import InteractiveLines, WithoutEmptySources, read_stdin_leniently
 from beamplugin.line_input import LineEncoder, max_source_positions
+from beamplugin.precision import cast_for_decoding, requested_precision
 from beamplugin.sequence_generator import SequenceGenerator
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,17 @@ class BeamTranslationConfig(TranslationConfig):
             "((5 + len) / 6)**lenpen (Wu et al. 2016)"
         },
     )
+    int8: bool = field(
+        default=False,
+        metadata={
+            "help": "CPU only: multiply the largest weights (vocabulary projection, decoder "
+            "convolutions) in int8, per output channel scales, activations quantized per "
+            "product; everything else and the search in float32"
+        },
+    )
+    # fairseq's --fp16 / --bf16 (fairseq-generate casts the models only for --fp16)
+    fp16: bool = II("common.fp16")
+    bf16: bool = II("common.bf16")
 
 
 def _as_tuple(size: Any) -> tuple:
@@ -161,6 +174,11 @@ class BeamTranslationTask(TranslationTask):
     ) -> Any:
         self._prepare_for_input_lines(models)
         self._prefix_size = getattr(args, "prefix_size", 0) or 0
+        precision = requested_precision(self.cfg.fp16, self.cfg.bf16, self.cfg.int8)
+        if precision != "float32":
+            lm_model = (extra_gen_cls_kwargs or {}).get("lm_model")
+            dtype = cast_for_decoding([*models, lm_model], precision)
+            logger.info("decoding in %s (models in %s), the search in float32", precision, dtype)
         other = _needs_fairseq_generator(args, prefix_allowed_tokens_fn)
         if seq_gen_cls is not None or getattr(args, "score_reference", False) or other:
             if other:

@@ -1,0 +1,228 @@
+"""Decoding speed and quality in reduced precision: bfloat16 and float16 against float32.
+
+Systems, run interleaved (one pass over all batches each, in turn, ``--repeats`` times):
+
+* ``fairseq fp32``: fairseq's fconv + fairseq's SequenceGenerator, float32 (the reference);
+* ``ours fp32``: our convs2s (the same weights) + our generator, float32;
+* ``ours bf16``: the same in bfloat16 (``--bf16``: beamplugin.precision.cast_for_decoding);
+* ``ours fp16``: the same in float16, cast directly (``--fp16 --cpu`` refuses it on a CPU
+  without float16 products; it is timed here to back that choice).
+
+Prints the median time per system, speed-ups against fairseq's and our float32, and how many
+best hypotheses equal our float32's. With ``--data`` and a sentencepiece test set, it also
+decodes the whole ``--gen-subset`` in each of our precisions and prints sacreBLEU and chrF
+against the references (``--ref``, raw text), as fairseq-generate with ``--post-process
+sentencepiece`` would give them.
+
+``--products`` times the decoder's products alone instead (the 8000 x 256 vocabulary projection
+and a 768 -> 512 convolution, weights not in cache): our float32 product (packed oneDNN), torch's
+bfloat16 and float16 ``F.linear``, our int8 product, and ``torch._weight_int8pack_mm`` (int8
+weights, bfloat16 or float32 activations), as ratios to float32.
+
+    python scripts/bench_precision.py --path CKPT.pt --data DATA-BIN --ref test.en \\
+        --batch-sizes 1 64 --max-sentences 128
+    python scripts/bench_precision.py --random     # fconv_iwslt_de_en shape, 8k vocabulary
+    python scripts/bench_precision.py --products --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from argparse import Namespace
+from collections.abc import Callable
+from functools import partial
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from bench_generate import (
+    checkpoint_batches,
+    checkpoint_models,
+    prepare,
+    random_batches,
+    random_fconv,
+    run,
+    same_weights,
+)
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+
+import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
+from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.modules import linear as linear_module
+from beamplugin.precision import cast_for_decoding, native_on_cpu
+from beamplugin.sequence_generator import SequenceGenerator
+
+
+def parse_args() -> Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", help="an fconv or convs2s checkpoint")
+    parser.add_argument("--data", help="binarized data dir of the checkpoint")
+    parser.add_argument("--gen-subset", default="test")
+    parser.add_argument("--ref", help="raw reference text of --gen-subset: BLEU and chrF")
+    parser.add_argument("--random", action="store_true", help="random fconv_iwslt_de_en model")
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="*", default=[1, 64], help="none: BLEU only"
+    )
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-sentences", type=int, default=128, help="sentences timed")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "int8"])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--products", action="store_true", help="time the products alone")
+    args = parser.parse_args()
+    if not args.products and not args.random and not (args.path and args.data):
+        parser.error("give --path and --data, or --random")
+    return args
+
+
+def in_precision(model: torch.nn.Module, precision: str) -> torch.nn.Module:
+    model = copy.deepcopy(model)
+    if precision == "fp16" and not native_on_cpu(torch.float16):
+        return model.half()  # what --fp16 --cpu refuses: timed to show why
+    cast_for_decoding([model], precision)
+    return model
+
+
+def time_products(args: Namespace) -> None:
+    flush = torch.zeros(64 * 1024 * 1024 // 4)  # a step streams other weights in between
+
+    def timed(product: Callable[[], torch.Tensor]) -> float:
+        """Median of 10 products (a shared machine preempts some)."""
+        product()
+        times = []
+        for _ in range(10):
+            flush.add_(1.0)
+            start = time.perf_counter()
+            product()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e6
+
+    print(f"# torch {torch.__version__}, {args.threads} threads, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; median us per product, weights not in "
+          "cache; (xN: float32 time / this time)")  # fmt: skip
+    for out_features, in_features in [(8000, 256), (512, 768)]:
+        weight = torch.randn(out_features, in_features) / in_features**0.5
+        bias = torch.randn(out_features)
+        packed = linear_module.pack_weight(weight)
+        int8 = linear_module.pack_int8(weight, bias)
+        scales = weight.abs().amax(1) / 127
+        int8_weight = torch.round(weight / scales[:, None]).to(torch.int8)
+        for rows in [1, 5, 40, 320]:
+            x = torch.randn(rows, in_features)
+            half = {dtype: (x.to(dtype), weight.to(dtype), bias.to(dtype))
+                    for dtype in (torch.bfloat16, torch.float16)}  # fmt: skip
+            xb, sb, keep = half[torch.bfloat16][0], scales.bfloat16(), lambda p=packed: p
+            products = {
+                "float32 (ours)": partial(linear_module.linear, x, weight, bias, keep),
+                "bf16 F.linear": partial(F.linear, *half[torch.bfloat16]),
+                "fp16 F.linear": partial(F.linear, *half[torch.float16]),
+                "int8 (ours)": partial(linear_module.int8_linear, x, int8, out_features),
+                "int8pack_mm bf16": partial(torch._weight_int8pack_mm, xb, int8_weight, sb),
+                "int8pack_mm fp32": partial(torch._weight_int8pack_mm, x, int8_weight, scales),
+            }
+            times: dict[str, list[float]] = {name: [] for name in products}
+            for _ in range(args.repeats):
+                for name, product in products.items():
+                    times[name].append(timed(product))
+            median = {name: statistics.median(t) for name, t in times.items()}
+            base = median["float32 (ours)"]
+            print(f"{out_features} x {in_features}, {rows:>3} rows: " + " | ".join(
+                f"{name} {t:.0f} (x{base / t:.2f})" for name, t in median.items()
+            ))  # fmt: skip
+
+
+def best(outputs: list) -> list[list[int]]:
+    return [hypos[0]["tokens"].tolist() for hypos in outputs]
+
+
+def quality(systems: dict, task, args: Namespace) -> None:
+    """sacreBLEU and chrF of each of our systems on the whole subset."""
+    references = open(args.ref, encoding="utf-8").read().splitlines()
+    batches = checkpoint_batches(task, args.gen_subset, len(references), 64)
+    print(f"\n## quality: all {len(references)} sentences of {args.gen_subset}, batch 64")
+    print("| system | BLEU | chrF | best hypotheses equal to fp32 |")
+    print("| --- | --- | --- | --- |")
+    reference_best = None
+    for name, (generator, model) in systems.items():
+        if not name.startswith("ours"):
+            continue
+        _, outputs = run(generator, model, batches)
+        ids = [int(i) for batch in batches for i in batch["id"]]
+        hypotheses = [""] * len(references)
+        for sentence_id, hypos in zip(ids, outputs, strict=True):
+            text = task.target_dictionary.string(hypos[0]["tokens"], "sentencepiece")
+            hypotheses[sentence_id] = text
+        bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+        chrf = sacrebleu.corpus_chrf(hypotheses, [references])
+        same = ""
+        if reference_best is None:
+            reference_best = best(outputs)
+        else:
+            equal = sum(a == b for a, b in zip(reference_best, best(outputs), strict=True))
+            same = f"{equal}/{len(outputs)}"
+        print(f"| {name} | {bleu.score:.2f} | {chrf.score:.2f} | {same} |")
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    if args.products:
+        with torch.inference_mode():
+            time_products(args)
+        return
+    if args.random:
+        fconv, dictionary, model_args = random_fconv(8000, args.seed)
+        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
+        source = f"random fconv_iwslt_de_en, {len(dictionary)} words"
+    else:
+        fconv, convs2s, task = checkpoint_models(args.path, args.data)
+        dictionary = task.target_dictionary
+        source = f"{args.path} on {args.data}:{args.gen_subset}"
+    fconv, convs2s = prepare(fconv, args.beam), prepare(convs2s, args.beam)
+    options = dict(beam_size=args.beam, max_len_b=200)
+    systems = {
+        "fairseq fp32": (FairseqGenerator([fconv], dictionary, **options), fconv),
+        "ours fp32": (SequenceGenerator([convs2s], dictionary, **options), convs2s),
+    }
+    for precision in args.precisions:
+        model = in_precision(convs2s, precision)
+        systems[f"ours {precision}"] = (SequenceGenerator([model], dictionary, **options), model)
+    native = {p: native_on_cpu(d) for p, d in [("bf16", torch.bfloat16), ("fp16", torch.float16)]}
+    print(
+        f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}, "
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native products {native}"
+    )
+    for batch_size in args.batch_sizes:
+        if args.random:
+            batches = random_batches(dictionary, args.max_sentences, batch_size, args.seed)
+        else:
+            batches = checkpoint_batches(task, args.gen_subset, args.max_sentences, batch_size)
+        times: dict[str, list[float]] = {name: [] for name in systems}
+        outputs = {name: run(gen, model, batches)[1] for name, (gen, model) in systems.items()}
+        for _ in range(args.repeats):
+            for name, (generator, model) in systems.items():
+                times[name].append(run(generator, model, batches)[0])
+        sentences = sum(len(b["id"]) for b in batches)
+        print(f"\n## batch size {batch_size}: {sentences} sentences, median of {args.repeats}")
+        print("| system | sent/s | vs fairseq fp32 | vs ours fp32 | best equal to ours fp32 |")
+        print("| --- | --- | --- | --- | --- |")
+        median = {name: statistics.median(t) for name, t in times.items()}
+        reference = best(outputs["ours fp32"])
+        for name in systems:
+            equal = sum(a == b for a, b in zip(reference, best(outputs[name]), strict=True))
+            print(
+                f"| {name} | {sentences / median[name]:.1f} | "
+                f"x{median['fairseq fp32'] / median[name]:.2f} | "
+                f"x{median['ours fp32'] / median[name]:.2f} | {equal}/{sentences} |"
+            )
+    if args.ref and not args.random:
+        quality(systems, task, args)
+
+
+if __name__ == "__main__":
+    main()
