@@ -77,9 +77,7 @@ class Translator:
         self.device = torch.device(
             "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
         )
-        for model in models:
-            if cfg.common.fp16:
-                model.half()
+        for model in models:  # --fp16/--bf16/--int8: the task's build_generator casts them
             model.to(self.device)
             model.prepare_for_inference_(cfg)
         # Every hypothesis of the beam comes back, so a request can ask for up to --beam of them.
