@@ -22,7 +22,7 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed /usr/bin/chromedriver
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
