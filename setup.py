@@ -30,6 +30,8 @@ setup(
     python_requires=">=3.11",
     package_data={"beamplugin": ["server_page.html"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"dev": ["pytest==9.2.0", "ruff==0.17.6", "selenium==4.51.0", "pytest-xdist==3.8.0"]},
+    extras_require={
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", "selenium==4.51.0"]
+    },
     entry_points={"console_scripts": ["beamplugin-serve = beamplugin.server:cli_main"]},
 )
