@@ -144,6 +144,18 @@ def checkpoint_models(path: str, data: str) -> tuple[FConvModel, ConvS2SModel, A
     return same_weights(FConvModel, model, args, task, "convs2s"), model.eval(), task
 
 
+def benchmark_models(args: argparse.Namespace) -> tuple[FConvModel, ConvS2SModel, Any, str]:
+    """fconv and convs2s with the same weights (``--random`` or ``--path``/``--data``), their
+    task (or a stand-in holding the dictionaries), and a description of where they come from."""
+    if args.random:
+        fconv, dictionary, model_args = random_fconv(8000, args.seed)
+        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
+        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
+        return fconv, convs2s, task, f"random fconv_iwslt_de_en, {len(dictionary)} words"
+    fconv, convs2s, task = checkpoint_models(args.path, args.data)
+    return fconv, convs2s, task, f"{args.path} on {args.data}:{args.gen_subset}"
+
+
 def checkpoint_batches(task: Any, subset: str, n: int, batch_size: int) -> list[Batch]:
     task.load_dataset(subset)
     dataset = task.dataset(subset)
@@ -378,15 +390,8 @@ def agreement(reference: list, outputs: list) -> tuple[int, int]:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    if args.random:
-        fconv, dictionary, model_args = random_fconv(8000, args.seed)
-        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
-        source = f"random fconv_iwslt_de_en, {len(dictionary)} words"
-    else:
-        fconv, convs2s, task = checkpoint_models(args.path, args.data)
-        dictionary = task.target_dictionary
-        source = f"{args.path} on {args.data}:{args.gen_subset}"
+    fconv, convs2s, task, source = benchmark_models(args)
+    dictionary = task.target_dictionary
     device = torch.device(args.device)
     convs2s, fconv = prepare(convs2s, args.beam).to(device), prepare(fconv, args.beam).to(device)
     options = dict(beam_size=args.beam, max_len_b=args.max_len_b, len_penalty=args.lenpen)

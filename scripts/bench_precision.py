@@ -39,18 +39,15 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 from bench_generate import (
+    benchmark_models,
     checkpoint_batches,
-    checkpoint_models,
     prepare,
     random_batches,
-    random_fconv,
     run,
-    same_weights,
 )
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
-from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import linear as linear_module
 from beamplugin.precision import cast_for_decoding, native_on_cpu
 from beamplugin.sequence_generator import SequenceGenerator
@@ -174,15 +171,8 @@ def main() -> None:
         with torch.inference_mode():
             time_products(args)
         return
-    if args.random:
-        fconv, dictionary, model_args = random_fconv(8000, args.seed)
-        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
-        source = f"random fconv_iwslt_de_en, {len(dictionary)} words"
-    else:
-        fconv, convs2s, task = checkpoint_models(args.path, args.data)
-        dictionary = task.target_dictionary
-        source = f"{args.path} on {args.data}:{args.gen_subset}"
+    fconv, convs2s, task, source = benchmark_models(args)
+    dictionary = task.target_dictionary
     fconv, convs2s = prepare(fconv, args.beam), prepare(convs2s, args.beam)
     options = dict(beam_size=args.beam, max_len_b=200)
     systems = {
