@@ -15,8 +15,11 @@ are those it gets when decoded alone, whoever shares its steps.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -33,6 +36,14 @@ if TYPE_CHECKING:
     from beamplugin.sequence_generator import SequenceGenerator
 
 logger = logging.getLogger(__name__)
+
+# Sentences that join mid-search are encoded ahead, together, in groups of similar source
+# width: padding may add this share of a group's tokens (sorted, groups of random arrivals stay
+# few and dense).
+MAX_ENCODER_PADDING = 0.25
+# Requests encoded ahead at once when the capacity is counted in tokens (else the capacity in
+# sentences).
+ENCODE_AHEAD_TOKEN_BUDGET = 64
 
 
 @dataclass
@@ -97,6 +108,9 @@ class DecodingEngine:
         self.bos = gen.eos if bos_token is None else bos_token
         self.rules = LogProbRules(gen)
         self.live: list[_Sentence] = []
+        self.waiting: deque[_Waiting] = deque()  # checked requests not in flight yet
+        # requests taken and encoded together ahead of room for them (models that mix steps)
+        self.encode_ahead = max_sentences or (ENCODE_AHEAD_TOKEN_BUDGET if max_tokens else math.inf)
         self.fresh = 0  # the last `fresh` live sentences were admitted since the last step
         self.tokens_in_flight = 0
         self.memories = self.model.encoder_memories(self.beam)
@@ -154,16 +168,81 @@ class DecodingEngine:
             or (self.max_tokens and cost > self.max_tokens)
         )
 
-    def admit(self, requests: list[Request]) -> None:
-        """Encode ``requests`` (checked, with room for them) and put them in flight."""
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing waiting."""
+        return not self.live and not self.waiting
+
+    def wants_requests(self) -> bool:
+        """Whether to take another request: until ``encode_ahead`` wait, for models that mix
+        steps (encoded together, they join one by one as slots free up); otherwise while all
+        that wait fit into the next batch."""
+        if self.waiting and self.waiting[-1].encoded is not None:
+            return False  # take more once these are in flight
+        if self.model.mixes_steps:
+            return len(self.waiting) < self.encode_ahead
+        return not self.live and self.room_for([w.request for w in self.waiting])
+
+    def enqueue(self, request: Request) -> None:
+        """Let ``request`` (checked) wait for room."""
+        self.waiting.append(_Waiting(request))
+
+    def admit_waiting(self) -> None:
+        """Put the waiting requests that fit in flight, in their order. They are encoded first,
+        and with them every other waiting one (for models that mix steps)."""
+        count = 0
+        while count < len(self.waiting) and self.room_for(
+            [w.request for w in itertools.islice(self.waiting, count + 1)]
+        ):
+            count += 1
+        if not count:
+            return
+        if self.waiting[0].encoded is None:
+            ahead = len(self.waiting) if self.model.mixes_steps else count
+            self._encode(list(self.waiting)[:ahead])
+        self._admit([self.waiting.popleft() for _ in range(count)])
+
+    def _encode(self, waiting: list[_Waiting]) -> None:
+        """Encode ``waiting`` in few forwards: for models that mix steps, in groups of similar
+        source width (each group's padding at most ``MAX_ENCODER_PADDING`` of its tokens), rows
+        in the order of ``waiting``; otherwise as one batch, as fairseq does."""
+        groups = [waiting]
+        if self.model.mixes_steps:
+            groups, tokens, padded = [], 0, 0
+            for item in sorted(waiting, key=lambda w: w.request.width):
+                count, width = len(item.request.keys), item.request.width
+                if groups and (padded + count) * width <= (1 + MAX_ENCODER_PADDING) * (
+                    tokens + count * width
+                ):
+                    groups[-1].append(item)
+                    padded, tokens = padded + count, tokens + count * width
+                else:
+                    groups.append([item])
+                    padded, tokens = count, count * width
+            position = {id(item): i for i, item in enumerate(waiting)}
+            groups = [sorted(group, key=lambda w: position[id(w)]) for group in groups]
+        for group in groups:
+            requests = [w.request for w in group]
+            net_input = {
+                "src_tokens": _stack_padded([r.src_tokens for r in requests], self.gen.pad,
+                                            left=True),
+                "src_lengths": torch.cat([_source_lengths(r, self.gen) for r in requests]),
+            }
+            outs = self.model.encode(net_input)
+            row = 0
+            for item in group:
+                item.encoded = _Encoded(outs, slice(row, row + len(item.request.keys)))
+                row += len(item.request.keys)
+
+    def _admit(self, admitted: list[_Waiting]) -> None:
+        """Put encoded requests (with room for them) in flight."""
         gen = self.gen
         first = len(self.live)
-        if first and not self.model.mixes_steps:
-            raise RuntimeError("these models decode one batch at a time")
-        self.device = requests[0].src_tokens.device
+        self.device = admitted[0].request.src_tokens.device
         sentences: list[_Sentence] = []
         src_lengths, prefixes = [], []
-        for request in requests:
+        for item in admitted:
+            request = item.request
             tokens, count = request.src_tokens, len(request.keys)
             src_lengths.append(_source_lengths(request, gen))
             prefix = request.prefix_tokens
@@ -190,14 +269,12 @@ class DecodingEngine:
                 for row, key in enumerate(request.keys)
             )
             prefixes.append(prefix)
-        net_input = {
-            "src_tokens": _stack_padded([r.src_tokens for r in requests], gen.pad, left=True),
-            "src_lengths": torch.cat(src_lengths),
-        }
-        encoder_outs = self.model.encode(net_input)
-        for memory, encoder_out in zip(self.memories, encoder_outs, strict=True):
-            memory.write(first, encoder_out, len(sentences))
-        self._add_per_sentence(first, net_input["src_lengths"], prefixes)
+        slot = first
+        for outs, rows, width in _runs(admitted):
+            for memory, encoder_out in zip(self.memories, outs, strict=True):
+                memory.write(slot, encoder_out, rows, width)
+            slot += rows.stop - rows.start
+        self._add_per_sentence(first, torch.cat(src_lengths), prefixes)
         if first and self._pending is not None:
             self.refills += len(sentences)
         self.live.extend(sentences)
@@ -523,6 +600,40 @@ class DecodingEngine:
         if self.gen.print_alignment:
             self.gen.add_alignments(hypotheses, sentence.src_tokens)
         return Finished(sentence.key, hypotheses)
+
+
+@dataclass(eq=False)
+class _Waiting:
+    """A request waiting for room, and once encoded, where its encoder output is."""
+
+    request: Request
+    encoded: _Encoded | None = None
+
+
+class _Encoded(NamedTuple):
+    outs: list[Any]  # per model, the encoder output of the request's group
+    rows: slice  # the request's rows in it
+
+
+def _runs(admitted: list[_Waiting]) -> Iterator[tuple[list[Any], slice, int]]:
+    """Consecutive requests that are consecutive rows of one encoder output, as one block:
+    (the encoder outputs, the rows, the widest source among them)."""
+    block: list[_Waiting] = []
+    for item in admitted:
+        if block and not (
+            item.encoded.outs is block[-1].encoded.outs
+            and item.encoded.rows.start == block[-1].encoded.rows.stop
+        ):
+            yield _block(block)
+            block = []
+        block.append(item)
+    if block:
+        yield _block(block)
+
+
+def _block(block: list[_Waiting]) -> tuple[list[Any], slice, int]:
+    rows = slice(block[0].encoded.rows.start, block[-1].encoded.rows.stop)
+    return block[0].encoded.outs, rows, max(item.request.width for item in block)
 
 
 class _Pending(NamedTuple):

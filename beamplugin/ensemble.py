@@ -29,8 +29,9 @@ from beamplugin.host_transfer import to_device
 class EncoderMemory(Protocol):
     """A model's encoder output for the sentences in flight, slot ``i`` for sentence ``i``."""
 
-    def write(self, first_slot: int, encoder_out: Any, count: int) -> None:
-        """Put the encoder output of ``count`` new sentences at slots ``first_slot`` on."""
+    def write(self, first_slot: int, encoder_out: Any, rows: slice, width: int) -> None:
+        """Put rows ``rows`` of ``encoder_out`` (sources of at most ``width`` positions: the
+        last ones, sources are left-padded) at slots ``first_slot`` on."""
 
     def rearrange(self, order: list[int]) -> None:
         """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
@@ -52,12 +53,14 @@ class ReorderedMemory:
         self.rows_per_sentence = rows_per_sentence
         self.out: Any = None
 
-    def write(self, first_slot: int, encoder_out: Any, count: int) -> None:
+    def write(self, first_slot: int, encoder_out: Any, rows: slice, width: int) -> None:
         if first_slot != 0:
             raise RuntimeError("this model decodes one batch at a time")
-        self.out = encoder_out
+        if rows.start != 0:
+            raise RuntimeError("these models take the encoder output of a whole batch")
+        self.out = encoder_out  # the engine encodes exactly the batch it admits: all its rows
         if self.rows_per_sentence > 1:
-            self.out = self._select(torch.arange(count, device=_device_of(encoder_out)), 1)
+            self.out = self._select(torch.arange(rows.stop, device=_device_of(encoder_out)), 1)
 
     def rearrange(self, order: list[int]) -> None:
         self.out = self._select(to_device(order, _device_of(self.out)), self.rows_per_sentence)

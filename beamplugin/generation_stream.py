@@ -135,7 +135,7 @@ class GenerationStream:
         return [finished.hypotheses for finished in done]
 
     def _report(self) -> None:
-        if self._reported or not self._source_done or self.engine.live:
+        if self._reported or not self._source_done or not self.engine.idle:
             return
         self._reported = True
         batches = self.batches

@@ -55,34 +55,25 @@ class IteratorSource:
 def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
     """Decode every request of ``source``; yields each sentence as soon as it is finished.
 
-    Requests are admitted whenever the engine has room for them (all sentences of one request
-    together). A request that can never be decoded (too long for the model or for the
-    capacity) comes back as Finished results with the error, and the others go on.
+    Requests are taken as the engine wants them and admitted whenever it has room for them
+    (all sentences of one request together). A request that can never be decoded (too long for
+    the model or for the capacity) comes back as Finished results with the error, and the
+    others go on.
     """
-    held: Request | None = None  # taken, waiting for room
     while True:
-        admitted: list[Request] = []
-        while True:
-            if held is None:
-                if source.exhausted:
-                    break
-                held = source.take(wait=not engine.live and not admitted)
-                if held is None:
-                    break
-                try:
-                    engine.check(held)
-                except ValueError as error:
-                    yield from (Finished(key, [], error) for key in held.keys)
-                    held = None
-                    continue
-            if not engine.room_for([*admitted, held]):
+        while not source.exhausted and engine.wants_requests():
+            request = source.take(wait=engine.idle)
+            if request is None:
                 break
-            admitted.append(held)
-            held = None
-        if admitted:
-            engine.admit(admitted)
+            try:
+                engine.check(request)
+            except ValueError as error:
+                yield from (Finished(key, [], error) for key in request.keys)
+                continue
+            engine.enqueue(request)
+        engine.admit_waiting()
         if not engine.live:
-            if held is None and source.exhausted:
+            if source.exhausted and not engine.waiting:
                 return
             continue
         yield from engine.step()
@@ -163,13 +154,13 @@ class TranslationStream:
         self._lock = threading.Lock()  # orders close() after every submit() that got in
         self.exhausted = False
         self.completed = 0
-        self._taken = Request([], torch.empty(0, 0))
         self._thread = threading.Thread(target=self._decode, name="beamplugin-decoder", daemon=True)
         self._thread.start()
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        """Sentences accepted and not in flight yet (the decoder takes some ahead)."""
+        return self._queue.qsize() + len(self.engine.waiting)
 
     @property
     def in_flight(self) -> int:
@@ -220,7 +211,6 @@ class TranslationStream:
         if item is _CLOSE:
             self.exhausted = True
             return None
-        self._taken = item  # held by run() until there is room for it
         return item
 
     def _decode(self) -> None:
@@ -234,7 +224,9 @@ class TranslationStream:
                     else:
                         future.set_result(finished.hypotheses)
         except BaseException as error:  # a failing model: nobody may wait forever
-            waiting = [s.key for s in self.engine.live] + list(self._taken.keys)
+            engine = self.engine
+            waiting = [s.key for s in engine.live]
+            waiting += [key for w in engine.waiting for key in w.request.keys]
             while not self._queue.empty():
                 item = self._queue.get_nowait()
                 if item is not _CLOSE:

@@ -214,6 +214,29 @@ def test_translate_yields_every_sentence_once_in_either_order(vocab, models, sen
     assert_same(expected, [results[i] for i in sorted(results)])
 
 
+def test_sentences_that_join_are_encoded_ahead_together(vocab, models):
+    """Sentences waiting for a slot are encoded together (here 4 of similar length per encoder
+    forward, capacity 4), each once, and still get their n-best alone."""
+    g = torch.Generator().manual_seed(5)
+    sentences = [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (5 + i % 2,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for i in range(12)
+    ]
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    expected = [alone(gen, s) for s in sentences]
+    forwards: list[int] = []
+    encode = gen.model.encode
+    gen.model.encode = lambda net_input: forwards.append(len(net_input["src_tokens"])) or encode(
+        net_input
+    )
+    out, engine = stream(gen, sentences, list(range(12)), max_sentences=4)
+    assert_same(expected, out)
+    assert engine.refills > 0
+    assert forwards == [4, 4, 4]
+
+
 def test_stream_ends_with_slots_half_full(vocab, models, sentences):
     """The last sentences are admitted while the engine still holds others; the stream ends
     with free slots: everything still comes back once."""

@@ -83,7 +83,7 @@ def test_prefix_tokens_add_one_sync_per_batch(vocab, models, monkeypatch):
         out = gen.generate([model], as_device(sample), prefix_tokens=as_device(prefix))
     assert_same(reference, out)
     assert syncs[STEP] == len(steps) and syncs[FINISH] == len(finishing)
-    assert syncs["to_host from engine.py:admit"] == 1
+    assert syncs["to_host from engine.py:_admit"] == 1
 
 
 def test_a_real_wait_is_counted(vocab, models, monkeypatch):
@@ -106,21 +106,21 @@ def test_a_real_wait_is_counted(vocab, models, monkeypatch):
 
 def test_a_stream_syncs_once_per_step_and_per_finishing_step(vocab, models, monkeypatch):
     """Continuous batching adds no wait to a step: admitting sentences into freed slots costs
-    only the encoder's padding check, once per admission."""
+    only the encoder's padding check, once per encoder forward."""
     model = models["convs2s"][0]
     sample = make_batch(vocab, 9, seed=5)
     sentences = [utils.strip_pad(row, vocab.pad()) for row in sample["net_input"]["src_tokens"]]
     gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
     steps = count_rows(gen)
     finishing = count_finishing_steps(monkeypatch, steps)
-    admissions = []
-    admit = DecodingEngine.admit
+    forwards = []
+    encode = gen.model.encode
 
-    def recording(self, requests):
-        admissions.append(len(requests))
-        return admit(self, requests)
+    def recording(net_input):
+        forwards.append(len(net_input["src_tokens"]))
+        return encode(net_input)
 
-    monkeypatch.setattr(DecodingEngine, "admit", recording)
+    gen.model.encode = recording
     engine = DecodingEngine(gen, max_sentences=3)
     requests = [sentence_request(i, as_device(s), None) for i, s in enumerate(sentences)]
     with counting_syncs(monkeypatch) as syncs, torch.inference_mode():
@@ -129,4 +129,4 @@ def test_a_stream_syncs_once_per_step_and_per_finishing_step(vocab, models, monk
     search = {site: n for site, n in syncs.items() if "engine.py" in site}
     assert search == {STEP: len(steps), FINISH: len(finishing)}, syncs
     model_syncs = {site: n for site, n in syncs.items() if site not in search}
-    assert model_syncs == {"convs2s.py:forward": len(admissions)}, syncs
+    assert model_syncs == {"convs2s.py:forward": len(forwards)}, syncs

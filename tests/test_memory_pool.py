@@ -37,9 +37,10 @@ def slots(pool: AttentionMemoryPool, n: int) -> list[tuple[list[float], list[boo
 
 def test_slots_are_written_moved_widened_and_narrowed():
     pool = AttentionMemoryPool()
-    pool.write(0, memory([[1, 2], [3, 4]]), 2)  # a new batch is taken as it is
+    pool.write(0, memory([[1, 2], [3, 4]]), slice(0, 2), 2)  # a new batch is taken as it is
     assert slots(pool, 2) == [([1, 2], [False, False], 1.0), ([3, 4], [False, False], 2.0)]
-    pool.write(2, memory([[0, 5, 6, 7]], padded=[1]), 1)  # wider: everything left-padded
+    # wider: everything left-padded
+    pool.write(2, memory([[0, 5, 6, 7]], padded=[1]), slice(0, 1), 4)
     assert slots(pool, 3) == [
         ([0, 0, 1, 2], [True, True, False, False], 1.0),
         ([0, 0, 3, 4], [True, True, False, False], 2.0),
@@ -50,15 +51,32 @@ def test_slots_are_written_moved_widened_and_narrowed():
         ([0, 5, 6, 7], [True, False, False, False], 1.0),
         ([0, 0, 3, 4], [True, True, False, False], 2.0),
     ]
-    pool.write(2, memory([[8]]), 1)  # narrower: padded to the pool's width
+    pool.write(2, memory([[8]]), slice(0, 1), 1)  # narrower: padded to the pool's width
     assert slots(pool, 3)[2] == ([0, 0, 0, 8], [True, True, True, False], 1.0)
     pool.rearrange([2])  # only the one-token source stays: the pool narrows to it
     assert pool.width == 1
     assert slots(pool, 1) == [([8], [False], 1.0)]
-    pool.write(1, memory([[9, 10, 11, 12, 13]]), 1)  # grows again, beyond its capacity
+    pool.write(1, memory([[9, 10, 11, 12, 13]]), slice(0, 1), 5)  # grows again, beyond its capacity
     assert slots(pool, 2) == [
         ([0, 0, 0, 0, 8], [True, True, True, True, False], 1.0),
         ([9, 10, 11, 12, 13], [False] * 5, 1.0),
     ]
-    pool.write(0, memory([[7, 7]]), 1)  # a new batch replaces everything
+    pool.write(0, memory([[7, 7]]), slice(0, 1), 2)  # a new batch replaces everything
     assert slots(pool, 1) == [([7, 7], [False, False], 1.0)]
+
+
+def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width():
+    """Sentences encoded together ahead of admission join one by one: each write takes its
+    rows, cut to their own width, and never changes the encoder output the others wait in."""
+    encoded = memory([[0, 0, 1], [0, 2, 3], [4, 5, 6]], padded=[2, 1, 0])
+    before = {k: v.clone() for k, v in encoded["attention_memory"].items()}
+    pool = AttentionMemoryPool()
+    pool.write(0, encoded, slice(0, 2), 2)
+    assert pool.width == 2
+    assert slots(pool, 2) == [([0, 1], [True, False], 1.0), ([2, 3], [False, False], 2.0)]
+    pool.rearrange([1])
+    pool.write(1, encoded, slice(2, 3), 3)
+    assert slots(pool, 2) == [([0, 2, 3], [True, False, False], 2.0),
+                              ([4, 5, 6], [False, False, False], 3.0)]
+    for name, tensor in encoded["attention_memory"].items():
+        assert torch.equal(tensor, before[name]), name

@@ -94,13 +94,19 @@ class AttentionMemoryPool:
     def width(self) -> int:
         return self.memory["values"].size(1) if self.memory else 0
 
-    def write(self, first_slot: int, encoder_out: dict, count: int) -> None:
-        new = encoder_out["attention_memory"]
-        new_width = new["values"].size(1)
-        if first_slot == 0:  # a new batch: its memory becomes the pool as it is
-            self.memory, self.widths = dict(new), [new_width] * count
+    def write(self, first_slot: int, encoder_out: dict, rows: slice, width: int) -> None:
+        """Put rows ``rows`` of ``encoder_out`` (sources of at most ``width`` positions, the
+        last ones: sources are left-padded) at slots ``first_slot`` on."""
+        new = _narrowed(encoder_out["attention_memory"], rows, width)
+        count = new["values"].size(0)
+        if first_slot == 0:  # a new batch: its memory becomes the pool
+            whole = new["values"].size(0) == encoder_out["attention_memory"]["values"].size(0)
+            if not (whole and width == encoder_out["attention_memory"]["values"].size(1)):
+                # part of an encoder output that other sentences still wait to use: a copy
+                new = {k: None if t is None else t.clone() for k, t in new.items()}
+            self.memory, self.widths = new, [width] * count
             return
-        self.widths = self.widths[:first_slot] + [new_width] * count
+        self.widths = self.widths[:first_slot] + [width] * count
         width = max(self.widths)
         capacity = self.memory["keys"].size(0)
         if capacity < first_slot + count:
@@ -112,7 +118,7 @@ class AttentionMemoryPool:
         ):
             self._reallocate(first_slot, capacity, width)
         slots = slice(first_slot, first_slot + count)
-        pad = width - new_width
+        pad = width - new["values"].size(1)
         self.memory["keys"][slots, :, :pad] = 0
         self.memory["keys"][slots, :, pad:] = new["keys"]
         self.memory["values"][slots, :pad] = 0
@@ -162,3 +168,14 @@ class AttentionMemoryPool:
             }
             self._view = sentences, keys, {"attention_memory": memory}
         return self._view[2]
+
+
+def _narrowed(memory: EncoderMemory, rows: slice, width: int) -> EncoderMemory:
+    """Rows ``rows`` of an attention memory, cut to its last ``width`` source positions."""
+    keys, values, mask = memory["keys"], memory["values"], memory["padding_mask"]
+    return {
+        "keys": keys[rows, :, keys.size(2) - width :],
+        "values": values[rows, values.size(1) - width :],
+        "padding_mask": None if mask is None else mask[rows, :, mask.size(2) - width :],
+        "scale": memory["scale"][rows],
+    }
