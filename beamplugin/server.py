@@ -38,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import beamplugin
 from beamplugin.server_metrics import ServerMetrics
-from beamplugin.stream import QueueFull, StreamClosed
+from beamplugin.stream import QueueFull, StreamClosed, StreamFailed
 from beamplugin.translator import RefusedSentence, Translation, Translator
 
 logger = logging.getLogger("beamplugin.server")
@@ -170,6 +170,8 @@ class TranslationService:
                 f"the server is busy: no room for {len(lines)} more sentence(s), retry later",
                 {"Retry-After": str(RETRY_AFTER_SECONDS)},
             ) from None
+        except StreamFailed as failed:  # the model failed earlier: every request is told
+            raise Refused(500, str(failed)) from None
         except StreamClosed:
             raise stopping from None
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
@@ -246,14 +248,11 @@ class TranslationService:
 
     async def health(self, request: web.Request) -> web.Response:
         stream = self.translator.stream
-        return json_answer(
-            {
-                "status": "stopping" if self.stopping else "ok",
-                "queued": stream.queued,
-                "in_flight": stream.in_flight,
-            },
-            status=503 if self.stopping else 200,
-        )
+        status = "failed" if stream.failure else "stopping" if self.stopping else "ok"
+        answer = {"status": status, "queued": stream.queued, "in_flight": stream.in_flight}
+        if stream.failure:  # a load balancer takes it out; the log has the traceback
+            answer["error"] = f"the decoder failed: {stream.failure!r}"
+        return json_answer(answer, status=200 if status == "ok" else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         response = web.Response(body=self.metrics.exposition())
@@ -364,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     translator.close()
     logger.info("stopped: %d sentences translated", translator.stream.completed)
+    if translator.stream.failure is not None:  # a supervisor sees that it did not end well
+        logger.error("the decoder had failed: %r", translator.stream.failure)
+        return 1
     return 0
 
 

@@ -129,6 +129,10 @@ class StreamClosed(RuntimeError):
     """The stream takes no more sentences."""
 
 
+class StreamFailed(StreamClosed):
+    """The stream's decoder failed (its error is the cause); it takes no more sentences."""
+
+
 _CLOSE = object()
 
 
@@ -154,6 +158,7 @@ class TranslationStream:
         self._lock = threading.Lock()  # orders close() after every submit() that got in
         self.exhausted = False
         self.completed = 0
+        self.failure: BaseException | None = None  # why the decoder stopped, if it failed
         self._thread = threading.Thread(target=self._decode, name="beamplugin-decoder", daemon=True)
         self._thread.start()
 
@@ -176,8 +181,7 @@ class TranslationStream:
         future: Future = Future()
         request = sentence_request(future, src_tokens, prefix_tokens)
         with self._lock:
-            if self._closed.is_set():
-                raise StreamClosed("the stream is closed")
+            self._check_open()
             try:
                 self._queue.put(request, block, timeout)
             except queue.Full:
@@ -190,8 +194,7 @@ class TranslationStream:
         has nothing half-accepted."""
         requests = [sentence_request(Future(), tokens, None) for tokens in sentences]
         with self._lock:  # no other submit can take the places counted free here
-            if self._closed.is_set():
-                raise StreamClosed("the stream is closed")
+            self._check_open()
             if len(requests) > self._queue.maxsize:
                 raise ValueError(
                     f"{len(requests)} sentences at once, more than the queue holds "
@@ -202,6 +205,12 @@ class TranslationStream:
             for request in requests:
                 self._queue.put_nowait(request)
         return [request.keys[0] for request in requests]
+
+    def _check_open(self) -> None:
+        if self.failure is not None:
+            raise StreamFailed(f"the decoder failed: {self.failure!r}") from self.failure
+        if self._closed.is_set():
+            raise StreamClosed("the stream is closed")
 
     def take(self, wait: bool) -> Request | None:
         try:
@@ -224,17 +233,25 @@ class TranslationStream:
                     else:
                         future.set_result(finished.hypotheses)
         except BaseException as error:  # a failing model: nobody may wait forever
+            self.failure = error
             engine = self.engine
             waiting = [s.key for s in engine.live]
             waiting += [key for w in engine.waiting for key in w.request.keys]
-            while not self._queue.empty():
-                item = self._queue.get_nowait()
-                if item is not _CLOSE:
-                    waiting.extend(item.keys)
-            for future in waiting:
-                if not future.done():
-                    future.set_exception(error)
+            self._fail(waiting)  # also frees a submit blocked on the full queue
+            with self._lock:  # later submits are refused
+                self._closed.set()
+            self._fail([])  # what got in meanwhile
             raise
+
+    def _fail(self, futures: list[Future]) -> None:
+        """Give ``futures`` and every sentence in the queue the decoder's failure."""
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not _CLOSE:
+                futures.extend(item.keys)
+        for future in futures:
+            if not future.done():
+                future.set_exception(self.failure)
 
     def close(self, timeout: float | None = None) -> None:
         """Take no more sentences; return when those accepted are decoded."""

@@ -26,6 +26,7 @@ from beamplugin.stream import (
     IteratorSource,
     QueueFull,
     StreamClosed,
+    StreamFailed,
     TranslationStream,
     run,
     sentence_request,
@@ -333,3 +334,33 @@ def test_sentences_submitted_together_are_queued_all_or_none(vocab, models, sent
         translator.submit_together([sentences[0]])
     futures = first + pair + last
     assert_same([alone(gen, sentences[i]) for i in (0, 1, 2, 4)], [f.result() for f in futures])
+
+
+def test_a_failing_model_fails_every_accepted_sentence_and_refuses_later_ones(
+    vocab, models, sentences
+):
+    """When the model raises mid-stream, no caller waits forever: sentences in flight, taken
+    ahead and queued get the error, and the stream refuses new ones (StreamFailed)."""
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    translator = TranslationStream(gen, max_sentences=2, max_queued=8)
+    calls = []
+    decode_step = gen.model.decode_step
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the accelerator is gone")
+        return decode_step(*args, **kwargs)
+
+    gen.model.decode_step = failing
+    try:
+        futures = translator.submit_together(sentences[:8])  # in the queue before any step
+        for future in futures:
+            with pytest.raises(RuntimeError, match="the accelerator is gone"):
+                future.result(timeout=30)
+        with pytest.raises(StreamFailed, match="the decoder failed"):
+            translator.submit(sentences[0])
+        assert isinstance(translator.failure, RuntimeError)
+    finally:
+        translator.close(timeout=10)

@@ -374,3 +374,56 @@ def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive,
     assert [score for _, score in shown] == pytest.approx(
         [h["score"] for h in interactive[4]], abs=2e-4  # shown with 4 decimals
     )
+
+
+def test_a_failing_model_answers_500_and_health_says_failed(toy):
+    """The server's own app on a real socket of 127.0.0.1, with a model that raises at its
+    second decoder step: the request in progress gets 500 with the error, later requests 500 at
+    once (nothing hangs), and /health answers 503 "failed"."""
+    from aiohttp import web
+
+    from beamplugin.server import TranslationService, parse_args
+    from beamplugin.translator import Translator
+
+    args, cfg = parse_args(model_options(toy))
+    translator = Translator(cfg, args.max_queued)
+    model = translator.generator.model
+    calls = []
+    decode_step = model.decode_step
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the accelerator is gone")
+        return decode_step(*a, **k)
+
+    model.decode_step = failing
+    service = TranslationService(translator, args.max_request_sentences)
+
+    async def scenario() -> list[tuple[int, dict]]:
+        runner = web.AppRunner(service.app(BODY_LIMIT), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        answers = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(2):
+                    async with session.post(url + "/v1/translate",
+                                            json={"sentences": LINES[:3]}) as response:
+                        answers.append((response.status, await response.json()))
+                async with session.get(url + "/health") as response:
+                    answers.append((response.status, await response.json()))
+        finally:
+            await runner.cleanup()
+        return answers
+
+    try:
+        during, after, health = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        translator.close()
+    assert during == (500, {"error": "internal error: the accelerator is gone"})
+    assert after[0] == 500 and "the decoder failed" in after[1]["error"], after
+    assert health[0] == 503 and health[1]["status"] == "failed", health
+    assert "the accelerator is gone" in health[1]["error"]
