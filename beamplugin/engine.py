@@ -15,11 +15,10 @@ are those it gets when decoded alone, whoever shares its steps.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -158,15 +157,20 @@ class DecodingEngine:
             )
         request.max_len = self._output_limit(request)
 
-    def room_for(self, requests: list[Request]) -> bool:
+    def _fitting(self, requests: Iterable[Request]) -> int:
+        """How many of ``requests``, from the first, the engine has room for now."""
         if self.live and not self.model.mixes_steps:
-            return False
-        count = len(self.live) + sum(len(r.keys) for r in requests)
-        cost = self.tokens_in_flight + sum(self.beam * r.width * len(r.keys) for r in requests)
-        return not (
-            (self.max_sentences and count > self.max_sentences)
-            or (self.max_tokens and cost > self.max_tokens)
-        )
+            return 0
+        fitting, count, cost = 0, len(self.live), self.tokens_in_flight
+        for request in requests:
+            count += len(request.keys)
+            cost += self.beam * request.width * len(request.keys)
+            if (self.max_sentences and count > self.max_sentences) or (
+                self.max_tokens and cost > self.max_tokens
+            ):
+                break
+            fitting += 1
+        return fitting
 
     @property
     def idle(self) -> bool:
@@ -181,7 +185,7 @@ class DecodingEngine:
             return False  # take more once these are in flight
         if self.model.mixes_steps:
             return len(self.waiting) < self.encode_ahead
-        return not self.live and self.room_for([w.request for w in self.waiting])
+        return not self.live and self._fitting(self._waiting_requests()) == len(self.waiting)
 
     def enqueue(self, request: Request) -> None:
         """Let ``request`` (checked) wait for room."""
@@ -190,11 +194,7 @@ class DecodingEngine:
     def admit_waiting(self) -> None:
         """Put the waiting requests that fit in flight, in their order. They are encoded first,
         and with them every other waiting one (for models that mix steps)."""
-        count = 0
-        while count < len(self.waiting) and self.room_for(
-            [w.request for w in itertools.islice(self.waiting, count + 1)]
-        ):
-            count += 1
+        count = self._fitting(self._waiting_requests())
         if not count:
             return
         if self.waiting[0].encoded is None:
@@ -202,25 +202,13 @@ class DecodingEngine:
             self._encode(list(self.waiting)[:ahead])
         self._admit([self.waiting.popleft() for _ in range(count)])
 
+    def _waiting_requests(self) -> Iterator[Request]:
+        return (w.request for w in self.waiting)
+
     def _encode(self, waiting: list[_Waiting]) -> None:
         """Encode ``waiting`` in few forwards: for models that mix steps, in groups of similar
-        source width (each group's padding at most ``MAX_ENCODER_PADDING`` of its tokens), rows
-        in the order of ``waiting``; otherwise as one batch, as fairseq does."""
-        groups = [waiting]
-        if self.model.mixes_steps:
-            groups, tokens, padded = [], 0, 0
-            for item in sorted(waiting, key=lambda w: w.request.width):
-                count, width = len(item.request.keys), item.request.width
-                if groups and (padded + count) * width <= (1 + MAX_ENCODER_PADDING) * (
-                    tokens + count * width
-                ):
-                    groups[-1].append(item)
-                    padded, tokens = padded + count, tokens + count * width
-                else:
-                    groups.append([item])
-                    padded, tokens = count, count * width
-            position = {id(item): i for i, item in enumerate(waiting)}
-            groups = [sorted(group, key=lambda w: position[id(w)]) for group in groups]
+        source width, rows in the order of ``waiting``; otherwise as one batch, as fairseq does."""
+        groups = _similar_widths(waiting) if self.model.mixes_steps else [waiting]
         for group in groups:
             requests = [w.request for w in group]
             net_input = {
@@ -613,6 +601,24 @@ class _Waiting:
 class _Encoded(NamedTuple):
     outs: list[Any]  # per model, the encoder output of the request's group
     rows: slice  # the request's rows in it
+
+
+def _similar_widths(waiting: list[_Waiting]) -> list[list[_Waiting]]:
+    """``waiting`` in groups of similar source width, each group's padding at most
+    ``MAX_ENCODER_PADDING`` of its tokens; within a group, the order of ``waiting``."""
+    groups: list[list[tuple[int, _Waiting]]] = []
+    rows = tokens = 0
+    for position, item in sorted(enumerate(waiting), key=lambda p: p[1].request.width):
+        count, width = len(item.request.keys), item.request.width
+        # sorted by width: with this one, the group is its rows times this width, padded
+        grown_rows, grown_tokens = rows + count, tokens + count * width
+        if groups and grown_rows * width <= (1 + MAX_ENCODER_PADDING) * grown_tokens:
+            groups[-1].append((position, item))
+            rows, tokens = grown_rows, grown_tokens
+        else:
+            groups.append([(position, item)])
+            rows, tokens = count, count * width
+    return [[item for _, item in sorted(group, key=lambda p: p[0])] for group in groups]
 
 
 def _runs(admitted: list[_Waiting]) -> Iterator[tuple[list[Any], slice, int]]:

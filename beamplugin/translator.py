@@ -95,9 +95,11 @@ class Translator:
         self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
         tokenizer = self.task.build_tokenizer(cfg.tokenizer)
         bpe = self.task.build_bpe(cfg.bpe)
-        self._decode_fn = _decoder(tokenizer, bpe)
+        self._decode_fn = _chain([bpe, tokenizer], "decode")
         self.encoder = LineEncoder(
-            self.src_dict, max_source_positions(self.task, models), _encoder(tokenizer, bpe)
+            self.src_dict,
+            max_source_positions(self.task, models),
+            _chain([tokenizer, bpe], "encode"),
         )
         self.align_dict = utils.load_align_dict(cfg.generation.replace_unk)
         self._strip = get_symbols_to_strip_from_output(self.generator)
@@ -160,23 +162,14 @@ class Translator:
         self.stream.close()
 
 
-def _encoder(tokenizer: Any, bpe: Any) -> Callable[[str], str]:
-    def encode_fn(text: str) -> str:
-        if tokenizer is not None:
-            text = tokenizer.encode(text)
-        if bpe is not None:
-            text = bpe.encode(text)
+def _chain(steps: list[Any], method: str) -> Callable[[str], str]:
+    """``text`` through ``method`` ("encode" or "decode") of each step that is there, in order
+    (fairseq-interactive's encode_fn and decode_fn)."""
+    calls = [getattr(step, method) for step in steps if step is not None]
+
+    def apply(text: str) -> str:
+        for call in calls:
+            text = call(text)
         return text
 
-    return encode_fn
-
-
-def _decoder(tokenizer: Any, bpe: Any) -> Callable[[str], str]:
-    def decode_fn(text: str) -> str:
-        if bpe is not None:
-            text = bpe.decode(text)
-        if tokenizer is not None:
-            text = tokenizer.decode(text)
-        return text
-
-    return decode_fn
+    return apply

@@ -97,11 +97,11 @@ class AttentionMemoryPool:
     def write(self, first_slot: int, encoder_out: dict, rows: slice, width: int) -> None:
         """Put rows ``rows`` of ``encoder_out`` (sources of at most ``width`` positions, the
         last ones: sources are left-padded) at slots ``first_slot`` on."""
-        new = _narrowed(encoder_out["attention_memory"], rows, width)
+        source = encoder_out["attention_memory"]
+        new = _narrowed(source, rows, width)
         count = new["values"].size(0)
         if first_slot == 0:  # a new batch: its memory becomes the pool
-            whole = new["values"].size(0) == encoder_out["attention_memory"]["values"].size(0)
-            if not (whole and width == encoder_out["attention_memory"]["values"].size(1)):
+            if new["values"].shape != source["values"].shape:
                 # part of an encoder output that other sentences still wait to use: a copy
                 new = {k: None if t is None else t.clone() for k, t in new.items()}
             self.memory, self.widths = new, [width] * count
