@@ -1,11 +1,11 @@
 """``beamplugin-serve``: a translation server on the continuous-batching engine.
 
-Many clients, one engine: every sentence of every request goes into one TranslationStream,
-whose decoder thread decodes them together with beam search while the aiohttp event loop only
-parses, encodes and answers. Options are fairseq-interactive's (parsed by fairseq's own parser,
-``--user-dir`` and ``--task beam_translation`` implied) plus the server's own (``--host``,
-``--port``, ``--max-queued``, ...); each translation is what fairseq-interactive prints for the
-line (its ``D-`` text, base-2 scores).
+Many clients, one engine: every sentence of every request goes into one TranslationStream, which
+decodes them together with beam search in a process of its own (beamplugin.decoder_process)
+while the aiohttp event loop only parses, encodes and answers. Options are fairseq-interactive's
+(parsed by fairseq's own parser, ``--user-dir`` and ``--task beam_translation`` implied) plus the
+server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation is what
+fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
 Endpoints: ``POST /translate`` (LibreTranslate's API), ``POST /v1/translate`` (n-best lists
 with scores and alignments), ``GET /languages`` (LibreTranslate's), ``GET /health``,
@@ -350,7 +350,7 @@ async def serve(
 
 def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_args(argv)
-    translator = Translator(cfg, args.max_queued)
+    translator = Translator(cfg, args.max_queued, in_process=False)
     units = ("sentences", "source tokens")
     limits = [f"{n} {unit}" for n, unit in zip(translator.capacity, units, strict=True) if n]
     logger.info(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from beamplugin.decoder_process import DecoderProcess
 from beamplugin.stream import TranslationStream
 
 # Request latency buckets (seconds): from a short sentence alone to a full queue on a CPU.
@@ -14,7 +15,7 @@ class ServerMetrics:
     """Queue depth and sentences in flight are read from the stream when scraped; the rest is
     counted by the server as it answers."""
 
-    def __init__(self, stream: TranslationStream) -> None:
+    def __init__(self, stream: TranslationStream | DecoderProcess) -> None:
         self.registry = CollectorRegistry()
         Gauge(
             "beamplugin_queue_depth",

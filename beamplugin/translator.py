@@ -1,10 +1,11 @@
 """Raw text in, n-best translations out, for a long-running process (the server): the models,
 generator, tokenizer and BPE set up from fairseq-interactive's options as fairseq-interactive sets
-them up, sentences decoded on one :class:`~beamplugin.stream.TranslationStream`.
+them up, sentences decoded on one :class:`~beamplugin.stream.TranslationStream`, in a thread of
+this process or in a process of its own (:class:`~beamplugin.decoder_process.DecoderProcess`).
 
 Thread-agnostic: ``encode`` and ``submit`` may be called from any thread, the futures resolve in
-the stream's decoder thread, ``render`` turns their hypotheses into what fairseq-interactive
-prints (its ``D-`` text, base-2 scores, ``A-`` alignment).
+a thread of the stream, ``render`` turns their hypotheses into what fairseq-interactive prints
+(its ``D-`` text, base-2 scores, ``A-`` alignment).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from fairseq import checkpoint_utils, tasks, utils
 from fairseq_cli.generate import get_symbols_to_strip_from_output
 from omegaconf import DictConfig
 
+from beamplugin.decoder_process import DecoderProcess, DecoderSettings
 from beamplugin.line_input import LineEncoder, RefusedLine, max_source_positions
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.sequence_generator import SequenceGenerator
@@ -58,38 +60,26 @@ class Translation:
 
 
 class Translator:
-    """The models of ``cfg`` (fairseq-interactive's options) behind one TranslationStream with
-    at most ``max_queued`` sentences waiting; each sentence is decoded as on its own."""
+    """The models of ``cfg`` (fairseq-interactive's options) behind one stream with at most
+    ``max_queued`` sentences waiting; each sentence is decoded as on its own. ``in_process``:
+    the stream decodes in a thread of this process (``generator`` is then the models'
+    generator), else in a process of its own (beamplugin.decoder_process), which loads them."""
 
-    def __init__(self, cfg: DictConfig, max_queued: int) -> None:
+    def __init__(self, cfg: DictConfig, max_queued: int, in_process: bool = True) -> None:
         self.cfg = cfg
         self.task = tasks.setup_task(cfg.task)
-        overrides = ast.literal_eval(cfg.common_eval.model_overrides)
-        logger.info("loading model(s) from %s", cfg.common_eval.path)
-        models, _ = checkpoint_utils.load_model_ensemble(
-            utils.split_paths(cfg.common_eval.path),
-            arg_overrides=overrides,
-            task=self.task,
-            suffix=cfg.checkpoint.checkpoint_suffix,
-            strict=(cfg.checkpoint.checkpoint_shard_count == 1),
-            num_shards=cfg.checkpoint.checkpoint_shard_count,
-        )
-        self.device = torch.device(
-            "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
-        )
-        for model in models:  # --fp16/--bf16/--int8: the task's build_generator casts them
-            model.to(self.device)
-            model.prepare_for_inference_(cfg)
-        # Every hypothesis of the beam comes back, so a request can ask for up to --beam of them.
-        generation = copy.deepcopy(cfg.generation)
-        generation.nbest = generation.beam
-        self.generator = self.task.build_generator(models, generation)
-        if not isinstance(self.generator, SequenceGenerator):
-            raise ValueError(
-                "the server decodes with beamplugin's beam search (task beam_translation); "
-                "--sampling, diverse beam search and --constraints are not served"
-            )
-        self.nbest, self.beam = cfg.generation.nbest, self.generator.beam_size
+        self.stream: TranslationStream | DecoderProcess
+        if in_process:
+            self.generator, settings = load_decoder(cfg, self.task)
+            self.stream = settings.stream(self.generator, max_queued)
+            self.device = decoding_device(cfg)
+        else:
+            self.generator = None
+            self.stream = DecoderProcess(cfg, max_queued)
+            settings = self.stream.settings
+            self.device = torch.device("cpu")  # the decoder process moves sources to its own
+        self.nbest, self.beam = cfg.generation.nbest, settings.beam
+        self.capacity = settings.max_sentences, settings.max_tokens
         self.aligns = bool(cfg.generation.print_alignment)
         self.source_lang, self.target_lang = cfg.task.source_lang, cfg.task.target_lang
         self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
@@ -97,16 +87,10 @@ class Translator:
         bpe = self.task.build_bpe(cfg.bpe)
         self._decode_fn = _chain([bpe, tokenizer], "decode")
         self.encoder = LineEncoder(
-            self.src_dict,
-            max_source_positions(self.task, models),
-            _chain([tokenizer, bpe], "encode"),
+            self.src_dict, settings.max_source_positions, _chain([tokenizer, bpe], "encode")
         )
         self.align_dict = utils.load_align_dict(cfg.generation.replace_unk)
-        self._strip = get_symbols_to_strip_from_output(self.generator)
-        max_tokens = cfg.dataset.max_tokens and cfg.dataset.max_tokens * self.beam
-        max_sentences = cfg.dataset.batch_size or (None if max_tokens else DEFAULT_CAPACITY)
-        self.capacity = max_sentences, cfg.dataset.max_tokens
-        self.stream = TranslationStream(self.generator, max_sentences, max_tokens, max_queued)
+        self._strip = settings.symbols_to_strip
 
     def encode(self, lines: list[str]) -> list[torch.Tensor]:
         """The source tokens of every line, or RefusedSentence for the first one that cannot be
@@ -160,6 +144,49 @@ class Translator:
     def close(self) -> None:
         """Take no more sentences; return once every accepted one is decoded."""
         self.stream.close()
+
+
+def load_decoder(cfg: DictConfig, task: Any = None) -> tuple[SequenceGenerator, DecoderSettings]:
+    """The models of ``cfg`` loaded and prepared as fairseq-interactive prepares them, their
+    generator, and what the text side needs to know of them."""
+    task = task or tasks.setup_task(cfg.task)
+    overrides = ast.literal_eval(cfg.common_eval.model_overrides)
+    logger.info("loading model(s) from %s", cfg.common_eval.path)
+    models, _ = checkpoint_utils.load_model_ensemble(
+        utils.split_paths(cfg.common_eval.path),
+        arg_overrides=overrides,
+        task=task,
+        suffix=cfg.checkpoint.checkpoint_suffix,
+        strict=(cfg.checkpoint.checkpoint_shard_count == 1),
+        num_shards=cfg.checkpoint.checkpoint_shard_count,
+    )
+    device = decoding_device(cfg)
+    for model in models:  # --fp16/--bf16/--int8: the task's build_generator casts them
+        model.to(device)
+        model.prepare_for_inference_(cfg)
+    # Every hypothesis of the beam comes back, so a request can ask for up to --beam of them.
+    generation = copy.deepcopy(cfg.generation)
+    generation.nbest = generation.beam
+    generator = task.build_generator(models, generation)
+    if not isinstance(generator, SequenceGenerator):
+        raise ValueError(
+            "the server decodes with beamplugin's beam search (task beam_translation); "
+            "--sampling, diverse beam search and --constraints are not served"
+        )
+    max_tokens = cfg.dataset.max_tokens
+    settings = DecoderSettings(
+        beam=generator.beam_size,
+        max_source_positions=max_source_positions(task, models),
+        symbols_to_strip=frozenset(get_symbols_to_strip_from_output(generator)),
+        max_sentences=cfg.dataset.batch_size or (None if max_tokens else DEFAULT_CAPACITY),
+        max_tokens=max_tokens,
+    )
+    return generator, settings
+
+
+def decoding_device(cfg: DictConfig) -> torch.device:
+    """Where the models decode: CUDA unless --cpu or none is there."""
+    return torch.device("cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu")
 
 
 def _chain(steps: list[Any], method: str) -> Callable[[str], str]:

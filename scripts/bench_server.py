@@ -12,8 +12,9 @@ and their medians:
   sending single-sentence requests back to back;
 - one-at-a-time: the same server program with --batch-size 1 (what fairseq-interactive with
   --buffer-size 1 does), the same clients.
-Each is given as sentences per second of wall clock and per CPU-second of the process that
-decodes (the server's, all its threads; this process's for offline): on a CPU shared with other
+Each is given as sentences per second of wall clock and per CPU-second of the processes that
+decode (the server's two, the HTTP side and its decoder, all their threads; this process's for
+offline): on a CPU shared with other
 work the wall clock mostly measures how much of it each process got. Then, on the server:
 p50/p99 latency of single-sentence requests arriving as a Poisson process at
 half its measured throughput, next to one request's latency alone (one client, one at a time).
@@ -59,7 +60,7 @@ def model_options(args: argparse.Namespace) -> list[str]:
 
 class Timing(NamedTuple):
     wall: float  # seconds
-    cpu: float  # CPU seconds of the process that decoded
+    cpu: float  # CPU seconds of the processes that decoded
     texts: list[str]
 
 
@@ -90,13 +91,22 @@ class ServerProcess:
             raise RuntimeError(f"beamplugin-serve {' '.join(arguments)} did not start")
 
     def cpu_seconds(self) -> float:
-        """CPU time of the server (``timeout``'s child), all its threads, so far."""
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        return cpu_seconds(int(children.read_text().split()[0]))
+        """CPU time of the server (``timeout``'s child) and its decoder process, all their
+        threads, so far."""
+        return sum(cpu_seconds(pid) for pid in descendants(self.process.pid))
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(120)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes started by ``pid``, by them, and so on (not ``pid`` itself)."""
+    found = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in map(int, children.read_text().split()):
+            found += [child, *descendants(child)]
+    return found
 
 
 def cpu_seconds(pid: int) -> float:

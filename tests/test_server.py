@@ -429,3 +429,54 @@ def test_a_failing_model_answers_500_and_health_says_failed(toy):
     assert after[0] == 500 and "the decoder failed" in after[1]["error"], after
     assert health[0] == 503 and health[1]["status"] == "failed", health
     assert "the accelerator is gone" in health[1]["error"]
+
+
+def test_a_killed_decoder_process_answers_500_and_health_says_failed(toy):
+    """The server's app on a real socket of 127.0.0.1, decoding in its own process as
+    beamplugin-serve does; that process is killed (as the out-of-memory killer would) while a
+    request waits for its sentences: that request gets 500, later ones 500 at once, /health
+    503 "failed", and closing the stream does not hang."""
+    from aiohttp import web
+
+    from beamplugin.server import TranslationService, parse_args
+    from beamplugin.translator import Translator
+
+    args, cfg = parse_args(model_options(toy))
+    translator = Translator(cfg, args.max_queued, in_process=False)
+    stream = translator.stream
+    service = TranslationService(translator, args.max_request_sentences)
+
+    async def scenario() -> list[tuple[int, dict]]:
+        runner = web.AppRunner(service.app(BODY_LIMIT), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        answers = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                during = asyncio.create_task(
+                    session.post(url + "/v1/translate", json={"sentences": LINES * 2})
+                )
+                while not stream.queued + stream.in_flight:  # sent to the decoder process
+                    await asyncio.sleep(0.001)
+                os.kill(stream.pid, signal.SIGKILL)
+                async with await during as response:
+                    answers.append((response.status, await response.json()))
+                async with session.post(url + "/v1/translate",
+                                        json={"sentences": LINES[:1]}) as response:  # fmt: skip
+                    answers.append((response.status, await response.json()))
+                async with session.get(url + "/health") as response:
+                    answers.append((response.status, await response.json()))
+        finally:
+            await runner.cleanup()
+        return answers
+
+    try:
+        during, after, health = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        translator.close()
+    died = f"the decoder process ended (exit code -{signal.SIGKILL.value})"
+    assert during == (500, {"error": f"internal error: {died}"})
+    assert after[0] == 500 and "the decoder failed" in after[1]["error"], after
+    assert health[0] == 503 and health[1]["status"] == "failed" and died in health[1]["error"]
