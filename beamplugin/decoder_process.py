@@ -198,9 +198,10 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
     try:
         utils.import_user_module(cfg.common)  # models and tasks of any other --user-dir
         generator, settings = load_decoder(cfg)
-        # Larger than the parent counts (it also takes the engine's capacity), and the engine
-        # takes sentences ahead: this queue never refuses what the parent accepted.
-        room = max_queued + (settings.max_sentences or max_queued)
+        # As large as the parent lets sentences be outstanding (the queue and at most the
+        # engine's capacity: sentences, or fewer than its tokens): it never blocks the relay,
+        # which would stop reading while the parent waits to send.
+        room = max_queued + (settings.max_sentences or settings.max_tokens)
         stream = settings.stream(generator, room)
     except BaseException as error:
         conn.send(("failed", _picklable(error)))

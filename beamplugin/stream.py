@@ -71,7 +71,7 @@ def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
                 yield from (Finished(key, [], error) for key in request.keys)
                 continue
             engine.enqueue(request)
-        engine.admit_waiting()
+        engine.admit_waiting(more_coming=not source.exhausted)
         if not engine.live:
             if source.exhausted and not engine.waiting:
                 return

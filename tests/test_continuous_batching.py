@@ -21,7 +21,14 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from test_sequence_generator import assert_same
 
 from beamplugin import SequenceGenerator
-from beamplugin.engine import DecodingEngine
+from beamplugin.engine import (
+    ENCODE_GROUP,
+    ENCODER_FORWARD_TOKENS,
+    MAX_ADMISSION_DELAY,
+    DecodingEngine,
+    _similar_widths,
+    _Waiting,
+)
 from beamplugin.stream import (
     IteratorSource,
     QueueFull,
@@ -236,6 +243,68 @@ def test_sentences_that_join_are_encoded_ahead_together(vocab, models):
     assert_same(expected, out)
     assert engine.refills > 0
     assert forwards == [4, 4, 4]
+
+
+def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(
+    vocab, models, sentences
+):
+    """While others decode and more may come (a server), a sentence that would be encoded
+    alone waits up to MAX_ADMISSION_DELAY steps for company; ENCODE_GROUP waiting sentences, an
+    idle engine, or no more coming: in at once. Each still gets its n-best alone."""
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, min_len=12, max_len_b=30)
+    engine = DecodingEngine(gen, max_sentences=16)
+    forwards: list[int] = []
+    encode = gen.model.encode
+    gen.model.encode = lambda net_input: forwards.append(len(net_input["src_tokens"])) or encode(
+        net_input
+    )
+    finished: dict[int, list] = {}
+
+    def arrive(*indices: int, more_coming: bool = True) -> int:
+        for i in indices:
+            request = sentence_request(i, sentences[i], None)
+            engine.check(request)
+            engine.enqueue(request)
+        engine.admit_waiting(more_coming)
+        return len(engine.live)
+
+    def step() -> None:
+        finished.update((f.key, f.hypotheses) for f in engine.step())
+
+    with torch.inference_mode():
+        assert arrive(0) == 1  # the engine was idle
+        assert arrive(1) == 1
+        for waited in range(1, MAX_ADMISSION_DELAY + 1):
+            step()
+            assert arrive() == (2 if waited == MAX_ADMISSION_DELAY else 1)
+        assert forwards == [1, 1]
+        assert arrive(*range(2, 2 + ENCODE_GROUP)) == 2 + ENCODE_GROUP
+        step()
+        assert arrive(10, more_coming=False) == 3 + ENCODE_GROUP
+        while engine.live:
+            step()
+    assert sum(forwards) == 11 and forwards[-1] == 1
+    assert_same([alone(gen, sentences[i]) for i in range(11)], [finished[i] for i in range(11)])
+
+
+def test_encoder_groups_trade_padding_against_forwards(vocab):
+    """Waiting sentences are encoded in groups of similar width: a group's padding may be a
+    quarter of its tokens, or ENCODER_FORWARD_TOKENS when more (the cost of a forward)."""
+
+    def groups(*widths: int) -> list[list[int]]:
+        waiting = [
+            _Waiting(sentence_request(i, torch.full((w,), vocab.eos()), None), since=0)
+            for i, w in enumerate(widths)
+        ]
+        return [[w.request.width for w in group] for group in _similar_widths(waiting)]
+
+    small = ENCODER_FORWARD_TOKENS // 2
+    assert groups(small, 3) == [[small, 3]]  # a second forward would cost more than padding
+    assert groups(3, ENCODER_FORWARD_TOKENS + 10) == [[3], [ENCODER_FORWARD_TOKENS + 10]]
+    many = [20] * 16 + [24]  # 17 rows of 24: padding 64 > 48 but < a quarter of 344 tokens
+    assert groups(*many) == [many]
+    assert groups(*[20] * 16, 40) == [[20] * 16, [40]]
 
 
 def test_stream_ends_with_slots_half_full(vocab, models, sentences):
