@@ -376,15 +376,43 @@ def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive,
     )
 
 
+def talk_to_app(translator, talk) -> list[tuple[int, dict]]:
+    """The server's app on ``translator``, on a real socket of 127.0.0.1 in this process:
+    what ``talk(session, url)`` returns; the translator is closed afterwards."""
+    from aiohttp import web
+
+    from beamplugin.server import TranslationService
+
+    service = TranslationService(translator, max_request_sentences=64)
+
+    async def scenario() -> list[tuple[int, dict]]:
+        runner = web.AppRunner(service.app(BODY_LIMIT), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await talk(session, f"http://127.0.0.1:{runner.addresses[0][1]}")
+        finally:
+            await runner.cleanup()
+
+    try:
+        return asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        translator.close()
+
+
+async def status_and_json(request) -> tuple[int, dict]:
+    async with request as response:
+        return response.status, await response.json()
+
+
 # the decoder thread ends with the model's error, as it should: its traceback is the log
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_failing_model_answers_500_and_health_says_failed(toy):
-    """The server's own app on a real socket of 127.0.0.1, with a model that raises at its
+    """The server's app on a real socket of 127.0.0.1, with a model that raises at its
     second decoder step: the request in progress gets 500 with the error, later requests 500 at
     once (nothing hangs), and /health answers 503 "failed"."""
-    from aiohttp import web
-
-    from beamplugin.server import TranslationService, parse_args
+    from beamplugin.server import parse_args
     from beamplugin.translator import Translator
 
     args, cfg = parse_args(model_options(toy))
@@ -400,31 +428,16 @@ def test_a_failing_model_answers_500_and_health_says_failed(toy):
         return decode_step(*a, **k)
 
     model.decode_step = failing
-    service = TranslationService(translator, args.max_request_sentences)
 
-    async def scenario() -> list[tuple[int, dict]]:
-        runner = web.AppRunner(service.app(BODY_LIMIT), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        answers = []
-        try:
-            async with aiohttp.ClientSession() as session:
-                for _ in range(2):
-                    async with session.post(url + "/v1/translate",
-                                            json={"sentences": LINES[:3]}) as response:
-                        answers.append((response.status, await response.json()))
-                async with session.get(url + "/health") as response:
-                    answers.append((response.status, await response.json()))
-        finally:
-            await runner.cleanup()
-        return answers
+    async def talk(session: aiohttp.ClientSession, url: str) -> list[tuple[int, dict]]:
+        translate = [
+            await status_and_json(session.post(url + "/v1/translate",
+                                               json={"sentences": LINES[:3]}))
+            for _ in range(2)
+        ]  # fmt: skip
+        return [*translate, await status_and_json(session.get(url + "/health"))]
 
-    try:
-        during, after, health = asyncio.run(asyncio.wait_for(scenario(), 60))
-    finally:
-        translator.close()
+    during, after, health = talk_to_app(translator, talk)
     assert during == (500, {"error": "internal error: the accelerator is gone"})
     assert after[0] == 500 and "the decoder failed" in after[1]["error"], after
     assert health[0] == 503 and health[1]["status"] == "failed", health
@@ -436,46 +449,28 @@ def test_a_killed_decoder_process_answers_500_and_health_says_failed(toy):
     beamplugin-serve does; that process is killed (as the out-of-memory killer would) while a
     request waits for its sentences: that request gets 500, later ones 500 at once, /health
     503 "failed", and closing the stream does not hang."""
-    from aiohttp import web
-
-    from beamplugin.server import TranslationService, parse_args
+    from beamplugin.server import parse_args
     from beamplugin.translator import Translator
 
     args, cfg = parse_args(model_options(toy))
     translator = Translator(cfg, args.max_queued, in_process=False)
     stream = translator.stream
-    service = TranslationService(translator, args.max_request_sentences)
 
-    async def scenario() -> list[tuple[int, dict]]:
-        runner = web.AppRunner(service.app(BODY_LIMIT), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        answers = []
-        try:
-            async with aiohttp.ClientSession() as session:
-                during = asyncio.create_task(
-                    session.post(url + "/v1/translate", json={"sentences": LINES * 2})
-                )
-                while not stream.queued + stream.in_flight:  # sent to the decoder process
-                    await asyncio.sleep(0.001)
-                os.kill(stream.pid, signal.SIGKILL)
-                async with await during as response:
-                    answers.append((response.status, await response.json()))
-                async with session.post(url + "/v1/translate",
-                                        json={"sentences": LINES[:1]}) as response:  # fmt: skip
-                    answers.append((response.status, await response.json()))
-                async with session.get(url + "/health") as response:
-                    answers.append((response.status, await response.json()))
-        finally:
-            await runner.cleanup()
-        return answers
+    async def talk(session: aiohttp.ClientSession, url: str) -> list[tuple[int, dict]]:
+        during = asyncio.create_task(
+            status_and_json(session.post(url + "/v1/translate", json={"sentences": LINES * 2}))
+        )
+        while not stream.queued + stream.in_flight:  # sent to the decoder process
+            await asyncio.sleep(0.001)
+        os.kill(stream.pid, signal.SIGKILL)
+        return [
+            await during,
+            await status_and_json(session.post(url + "/v1/translate",
+                                               json={"sentences": LINES[:1]})),
+            await status_and_json(session.get(url + "/health")),
+        ]  # fmt: skip
 
-    try:
-        during, after, health = asyncio.run(asyncio.wait_for(scenario(), 60))
-    finally:
-        translator.close()
+    during, after, health = talk_to_app(translator, talk)
     died = f"the decoder process ended (exit code -{signal.SIGKILL.value})"
     assert during == (500, {"error": f"internal error: {died}"})
     assert after[0] == 500 and "the decoder failed" in after[1]["error"], after
