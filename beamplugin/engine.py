@@ -43,9 +43,9 @@ logger = logging.getLogger(__name__)
 # padded token).
 MAX_ENCODER_PADDING = 0.25
 ENCODER_FORWARD_TOKENS = 48
-# Requests encoded ahead at once when the capacity is counted in tokens (else the capacity in
-# sentences).
-ENCODE_AHEAD_TOKEN_BUDGET = 64
+# Requests taken and encoded ahead at once: at least this many, or the capacity in sentences if
+# more (random arrivals sort into fewer, denser width groups among more).
+ENCODE_AHEAD = 64
 # While sentences are decoding and more may come (a server), fewer than ENCODE_GROUP waiting
 # sentences wait up to MAX_ADMISSION_DELAY steps for others to be encoded with: the encoder
 # reads all its weights once per forward, so a sentence alone costs twice as much to encode as
@@ -118,7 +118,9 @@ class DecodingEngine:
         self.live: list[_Sentence] = []
         self.waiting: deque[_Waiting] = deque()  # checked requests not in flight yet
         # requests taken and encoded together ahead of room for them (models that mix steps)
-        self.encode_ahead = max_sentences or (ENCODE_AHEAD_TOKEN_BUDGET if max_tokens else math.inf)
+        self.encode_ahead = (
+            max(max_sentences or 0, ENCODE_AHEAD) if max_sentences or max_tokens else math.inf
+        )
         self.fresh = 0  # the last `fresh` live sentences were admitted since the last step
         self.tokens_in_flight = 0
         self.memories = self.model.encoder_memories(self.beam)
