@@ -180,17 +180,22 @@ class DecoderProcess:
         self._process.join(timeout)
 
 
-def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
-    """The decoder process: load the models, then decode what comes through ``conn``."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
+def log_to_stderr() -> None:
+    """The server's log format, on stderr, in either of its processes."""
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",
         level=logging.INFO,
         stream=sys.stderr,
-        force=True,
+        force=True,  # fairseq's modules configure logging when imported
     )
+
+
+def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
+    """The decoder process: load the models, then decode what comes through ``conn``."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+    log_to_stderr()
     from fairseq import utils
 
     from beamplugin.translator import decoding_device, load_decoder  # (this module's importer)

@@ -37,6 +37,7 @@ from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import beamplugin
+from beamplugin.decoder_process import log_to_stderr
 from beamplugin.server_metrics import ServerMetrics
 from beamplugin.stream import QueueFull, StreamClosed, StreamFailed
 from beamplugin.translator import RefusedSentence, Translation, Translator
@@ -370,13 +371,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli_main() -> None:
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        level=logging.INFO,
-        stream=sys.stderr,
-        force=True,  # fairseq's modules configure logging when imported
-    )
+    log_to_stderr()
     sys.exit(main())
 
 

@@ -142,8 +142,8 @@ class TranslationStream:
 
     At most ``max_queued`` sentences wait in the queue (besides those the engine has taken ahead
     to encode, 64 or its capacity): then ``submit`` blocks, or with ``block=False`` (or after
-    ``timeout``) raises :class:`QueueFull`. ``close()`` takes no more
-    sentences and returns once every accepted one is decoded.
+    ``timeout``) raises :class:`QueueFull`. ``close()`` takes no more sentences and returns once
+    every accepted one is decoded.
     """
 
     def __init__(
