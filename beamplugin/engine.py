@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from beamplugin.heap import keep_freed_memory
 from beamplugin.host_transfer import to_device, to_host
 from beamplugin.log_prob_rules import LogProbRules
 from beamplugin.search import beam_step, length_normaliser
@@ -109,6 +110,7 @@ class DecodingEngine:
         max_tokens: int | None = None,
         bos_token: int | None = None,
     ) -> None:
+        keep_freed_memory()  # steps allocate the same sizes again and again
         self.gen = gen
         self.model = gen.model
         self.beam = gen.beam_size
