@@ -3,9 +3,10 @@ step, and retires those that are finished; new sentences can join while others a
 (continuous batching).
 
 Data flow of a step: the rows of every sentence in flight (sentence-major, ``beam`` rows each,
-one row for sentences that have not stepped yet when every model allows it) go through the
-decoder; the log-prob rules mask them; the beam step picks candidates; the n-best keepers take
-the hypotheses that end; finished sentences leave, and their slots go to the next sentences.
+and one row for each sentence at its first step when every model allows it: those come last)
+go through the decoder; the log-prob rules mask them; the beam step picks candidates; the
+n-best keepers take the hypotheses that end; finished sentences leave, and their slots go to
+the next sentences.
 
 Sentences at different steps can share a forward only when every model mixes steps (see
 beamplugin.ensemble); otherwise new sentences are admitted when the engine is empty, which is
@@ -29,7 +30,7 @@ from torch import Tensor
 from beamplugin.heap import keep_freed_memory
 from beamplugin.host_transfer import to_device, to_host
 from beamplugin.log_prob_rules import LogProbRules
-from beamplugin.search import beam_step, length_normaliser
+from beamplugin.search import BeamStep, beam_step, concat_steps, length_normaliser
 from beamplugin.search.nbest import Hypothesis, NBest
 
 if TYPE_CHECKING:
@@ -131,13 +132,17 @@ class DecodingEngine:
         # Per live sentence, on the device (rearranged as sentences come and go).
         self.per_sentence: dict[str, Tensor] = {}
         # Decoder rows: right-aligned histories, left-padded where sentences differ in step.
-        self.rows_per_sentence = 1
+        # The last `one_row` live sentences have one row this step (their first), the others
+        # beam rows.
+        self.one_row = 0
         self.tokens: Tensor | None = None  # [rows, steps + 1] BOS first
         self.cumulative: Tensor | None = None  # [rows, steps] cumulative score history
         self.attention: Tensor | None = None  # [rows, steps, src] attention history
-        self.scores: Tensor | None = None  # [sentences, hypotheses] cumulative scores
+        # [sentences with beam rows, hypotheses] cumulative scores (one hypothesis each at the
+        # first step of models that decode it in beam identical rows)
+        self.scores: Tensor | None = None
         self._pending: _Pending | None = None  # last step's result, applied by the next
-        self._offsets: dict[tuple[int, int], Tensor] = {}
+        self._layouts: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self._steps_on_device: Tensor | None = None
         self.device: torch.device | None = None
         self.refills = 0  # sentences admitted while others were mid-search
@@ -338,25 +343,23 @@ class DecodingEngine:
         sentences that finished in it."""
         if not self.live:
             return []
-        gen, beam = self.gen, self.beam
+        gen = self.gen
         self.steps += 1
         self._advance()
         n = len(self.live)
-        encoder_outs = [memory.view(n) for memory in self.memories]
+        encoder_outs = [memory.view(n, self.one_row) for memory in self.memories]
         lprobs, attn = self.model.decode_step(
             self.tokens, encoder_outs, self.states, gen.temperature
         )
         if self.cumulative is None:  # the first step of a new batch
-            self.scores = lprobs.new_zeros(n, 1)
+            self.scores = lprobs.new_zeros(n - self.one_row, 1)
             self.cumulative = lprobs.new_empty(lprobs.size(0), 0)
         if attn is not None and self.attention is None:
             self.attention = attn.new_empty(attn.size(0), 0, attn.size(1))
         lprobs, copies = self.rules.apply(lprobs, self)
         if copies is not None:
             self._copy_rows(copies)
-        # the first row of a sentence for each hypothesis (more are copies before its first step)
-        live_lprobs = lprobs.view(n, self.rows_per_sentence, -1)[:, : self.scores.size(1)]
-        res = beam_step(live_lprobs, self.scores, beam, gen.eos)
+        res = self._search(lprobs)
         status, bound = self._status(res)
         done: list[bool] | None = None
         if status.any() or any(s.step >= s.max_len for s in self.live):
@@ -364,17 +367,56 @@ class DecodingEngine:
             if status[:, slots].any():
                 # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
                 lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-                res = beam_step(live_lprobs, self.scores, beam, gen.eos)
+                res = self._search(lprobs)
                 status, bound = self._status(res)
             done = self._finish(res, status[:, :slots], bound, lprobs, attn)
         return self._retire(done, res, attn)
+
+    def _search(self, lprobs: Tensor) -> BeamStep:
+        """The beam step of every live sentence: those with beam rows (a batch's first step
+        reads the first of them), then those with one."""
+        gen, beam = self.gen, self.beam
+        multi = len(self.live) - self.one_row
+        steps = []
+        if multi:
+            hypotheses = lprobs[: multi * beam].view(multi, beam, -1)[:, : self.scores.size(1)]
+            steps.append(beam_step(hypotheses, self.scores, beam, gen.eos))
+        if self.one_row:
+            first = lprobs[multi * beam :].unsqueeze(1)
+            steps.append(beam_step(first, first.new_zeros(self.one_row, 1), beam, gen.eos))
+        return steps[0] if len(steps) == 1 else concat_steps(*steps)
 
     def rows_of(self, sentences: list[int]) -> Tensor | None:
         """The decoder rows of live sentences ``sentences`` (None: all of them)."""
         if len(sentences) == len(self.live):
             return None
-        per = self.rows_per_sentence
-        return to_device([s * per + r for s in sentences for r in range(per)], self.device)
+        beam, multi = self.beam, len(self.live) - self.one_row
+        rows = [
+            row
+            for s in sentences
+            for row in (range(s * beam, (s + 1) * beam) if s < multi else [s + multi * (beam - 1)])
+        ]
+        return to_device(rows, self.device)
+
+    def first_rows(self) -> Tensor:
+        """``[sentences]`` the first decoder row of each live sentence this step."""
+        return self._layout(len(self.live), self.one_row)[0]
+
+    def row_sentences(self) -> Tensor:
+        """``[rows]`` the live sentence of each decoder row this step."""
+        return self._layout(len(self.live), self.one_row)[1]
+
+    def _layout(self, sentences: int, one_row: int) -> tuple[Tensor, Tensor]:
+        """First row of each sentence and sentence of each row, when the last ``one_row`` of
+        ``sentences`` have one row and the others beam (made once per shape)."""
+        key = (sentences, one_row)
+        if key not in self._layouts:
+            multi = sentences - one_row
+            counts = torch.tensor([self.beam] * multi + [1] * one_row)
+            first = torch.cumsum(counts, 0) - counts
+            each_row = torch.arange(sentences).repeat_interleave(counts)
+            self._layouts[key] = to_device(first, self.device), to_device(each_row, self.device)
+        return self._layouts[key]
 
     def steps_on_device(self) -> Tensor:
         """``[sentences]`` each live sentence's step, made once per step when a rule needs it."""
@@ -389,8 +431,8 @@ class DecodingEngine:
         self._steps_on_device = None
         if self._pending is None:  # every sentence is new: a new batch
             n = len(self.live)
-            self.rows_per_sentence = 1 if self.model.first_step_one_row else beam
-            rows = n * self.rows_per_sentence
+            self.one_row = n if self.model.first_step_one_row else 0
+            rows = (n - self.one_row) * beam + self.one_row
             self.tokens = torch.full((rows, 1), self.bos, dtype=torch.long, device=self.device)
             self.cumulative = self.attention = self.scores = None
             self.states = [{} for _ in self.model.models]
@@ -398,25 +440,31 @@ class DecodingEngine:
             return
         res, attn, order = self._pending
         self._pending = None
-        first_rows = self._first_rows(res.alive_beams.size(0))
+        # every sentence of the last step: beam hypotheses (from one row if it had one)
+        first_rows = self._layout(res.alive_beams.size(0), self.one_row)[0].unsqueeze(1)
         alive_beams, alive_tokens = res.alive_beams, res.alive_tokens
         alive_scores = res.alive_scores
         if order is not None:  # sentences left: the others in their new slots
             alive_beams, first_rows = alive_beams[order], first_rows[order]
             alive_tokens, alive_scores = alive_tokens[order], alive_scores[order]
         rows = (alive_beams + first_rows).view(-1)
-        new_tokens, scores = alive_tokens.view(-1, 1), alive_scores
+        new_tokens, scores, row_scores = alive_tokens.view(-1, 1), alive_scores, alive_scores
+        self.one_row = fresh if self.model.first_step_one_row else 0
+        fresh_rows = self.one_row or fresh * beam
         if fresh:
-            # New sentences' rows: BOS after padding; one live hypothesis of score 0 (the other
-            # beam - 1 rows are its copies, dead until they diverge after its first step).
-            rows = torch.cat([rows, rows.new_zeros(fresh * beam)])  # placeholders, reset below
-            new_tokens = torch.cat([new_tokens, new_tokens.new_full((fresh * beam, 1), self.bos)])
-            start = scores.new_full((fresh, beam), -math.inf)
-            start[:, 0] = 0
-            scores = torch.cat([scores, start])
+            # New sentences' rows: BOS after padding, score 0. Models that decode a first step
+            # in beam identical rows get one live hypothesis and beam - 1 dead copies.
+            rows = torch.cat([rows, rows.new_zeros(fresh_rows)])  # placeholders, reset below
+            new_tokens = torch.cat([new_tokens, new_tokens.new_full((fresh_rows, 1), self.bos)])
+            if self.one_row:
+                row_scores = torch.cat([row_scores.view(-1), scores.new_zeros(fresh)])
+            else:
+                start = scores.new_full((fresh, beam), -math.inf)
+                start[:, 0] = 0
+                scores = row_scores = torch.cat([scores, start])
         self.tokens = torch.cat([self.tokens.index_select(0, rows), new_tokens], 1)
         self.cumulative = torch.cat(
-            [self.cumulative.index_select(0, rows), scores.view(-1, 1)], 1
+            [self.cumulative.index_select(0, rows), row_scores.view(-1, 1)], 1
         )
         if attn is not None:
             steps = torch.cat([_fit_width(self.attention, attn.size(1)), attn.unsqueeze(1)], 1)
@@ -428,27 +476,18 @@ class DecodingEngine:
             if attn is not None:
                 self.attention = self.attention[:, -history:]
         if fresh:
-            self.tokens[-fresh * beam :, :-1] = gen.pad
+            self.tokens[-fresh_rows:, :-1] = gen.pad
         self.scores = scores
-        self.rows_per_sentence = beam
-        self.model.reorder_states(self.reorderers, self.states, rows, fresh * beam)
+        self.model.reorder_states(self.reorderers, self.states, rows, fresh_rows)
         self.fresh = 0
-
-    def _first_rows(self, n: int) -> Tensor:
-        """``[n, 1]`` first row of each of ``n`` sentences (made once per shape)."""
-        key = (n, self.rows_per_sentence)
-        if key not in self._offsets:
-            first = torch.arange(n, device=self.device) * self.rows_per_sentence
-            self._offsets[key] = first.unsqueeze(1)
-        return self._offsets[key]
 
     def _copy_rows(self, source: Tensor) -> None:
         """Make each row a copy of row ``source[row]`` (a forced prefix ended in EOS)."""
         self.tokens = self.tokens.index_select(0, source)
         self.cumulative = self.cumulative.index_select(0, source)
-        per_sentence = self.rows_per_sentence
-        if self.scores.size(1) == per_sentence:  # else one score per sentence: unchanged
-            self.scores = self.scores.reshape(-1)[source].view(-1, per_sentence)
+        multi, hypotheses = self.scores.shape
+        if hypotheses == self.beam:  # else one score per sentence: unchanged
+            self.scores = self.scores.reshape(-1)[source[: multi * hypotheses]].view_as(self.scores)
 
     def _status(self, res: Any) -> tuple[Tensor, Tensor | None]:
         """The one host synchronisation of a step: on the host, per live sentence, which of
@@ -501,13 +540,14 @@ class DecodingEngine:
     ) -> list[bool]:
         """Store the hypotheses that end now (``finalize``: the host copy of res.finalize) and
         return, per live sentence, whether it is done."""
-        gen, beam, per_sentence = self.gen, self.beam, self.rows_per_sentence
+        gen, beam = self.gen, self.beam
         sents, slots = finalize.nonzero(as_tuple=True)
         if len(sents):
             sents_dev, cands = to_device(
                 torch.stack([sents, sents * res.cand_beams.size(1) + slots]), self.device
             )
-            rows = sents_dev * per_sentence + res.cand_beams.view(-1).index_select(0, cands)
+            rows = self.first_rows().index_select(0, sents_dev)
+            rows = rows + res.cand_beams.view(-1).index_select(0, cands)
             eos_scores = res.cand_scores.view(-1).index_select(0, cands)
             self._store(sents.tolist(), sents_dev, rows, eos_scores, attn)
         counts = [len(s.nbest) for s in self.live]
@@ -522,13 +562,22 @@ class DecodingEngine:
         if empty:
             # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
             # (beam of them, as in fairseq, even at the first step where all are the same).
-            sents = torch.tensor(empty).repeat_interleave(beam)
-            hypos = torch.arange(beam).repeat(len(empty))
-            sents_dev, hypos_dev = to_device(torch.stack([sents, hypos]), self.device)
-            rows = sents_dev * per_sentence + hypos_dev % per_sentence
-            cumulative = self.scores[sents_dev, hypos_dev % self.scores.size(1)]
+            multi, hypotheses = self.scores.shape
+            # each hypothesis' row, and its score in the scores, or after them: 0 (one row)
+            sents, rows, scores = zip(
+                *(
+                    (s, s * beam + h, s * hypotheses + h % hypotheses)
+                    if s < multi
+                    else (s, multi * beam + s - multi, multi * hypotheses)
+                    for s in empty
+                    for h in range(beam)
+                ),
+                strict=True,
+            )
+            sents_dev, rows, scores = to_device([sents, rows, scores], self.device)
+            cumulative = F.pad(self.scores.reshape(-1), (0, 1)).index_select(0, scores)
             cumulative = cumulative + lprobs[rows, gen.eos]
-            self._store(sents.tolist(), sents_dev, rows, cumulative, attn)
+            self._store(list(sents), sents_dev, rows, cumulative, attn)
         return done
 
     def _store(

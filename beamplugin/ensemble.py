@@ -1,8 +1,9 @@
 """The models a search decodes with, as one: encoder outputs kept per sentence, decoder steps,
 incremental states, and log-probabilities averaged over the ensemble.
 
-Sentences in flight are laid out sentence-major, ``rows_per_sentence`` decoder rows each. Two
-kinds of models:
+Sentences in flight are laid out sentence-major, beam decoder rows each, except sentences at
+their first step: one row each (they come last) where every model reads the encoder output per
+sentence. Two kinds of models:
 
 * models that **mix steps** (beamplugin's convs2s: ``decoder.decodes_mixed_steps``): sentences
   at different steps share one forward. The decoder takes each row's position from its own
@@ -36,8 +37,10 @@ class EncoderMemory(Protocol):
     def rearrange(self, order: list[int]) -> None:
         """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
 
-    def view(self, sentences: int) -> Any:
-        """The encoder output the decoder reads for the first ``sentences`` slots."""
+    def view(self, sentences: int, one_row_sentences: int = 0) -> Any:
+        """The encoder output the decoder reads for the first ``sentences`` slots, the last
+        ``one_row_sentences`` of which have one decoder row each this step (the others beam:
+        only models that mix steps are given a mix)."""
 
 
 class ReorderedMemory:
@@ -71,7 +74,7 @@ class ReorderedMemory:
             rows = rows.repeat_interleave(self.rows_per_sentence)
         return self.encoder.reorder_encoder_out(self.out, rows)
 
-    def view(self, sentences: int) -> Any:
+    def view(self, sentences: int, one_row_sentences: int = 0) -> Any:
         return self.out
 
 

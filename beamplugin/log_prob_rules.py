@@ -90,23 +90,24 @@ class LogProbRules:
         if gen.length_constraints is not None:
             steps = engine.steps_on_device()
             bounds = engine.per_sentence
-            eos_lprobs = lprobs.view(n, engine.rows_per_sentence, -1)[:, :, self.eos]
-            eos_lprobs.masked_fill_((steps < bounds["min_lens"]).unsqueeze(1), -math.inf)
-            eos_lprobs.masked_fill_((steps >= bounds["max_lens"]).unsqueeze(1), 0.0)
+            each_row = engine.row_sentences()
+            eos_lprobs = lprobs[:, self.eos]  # a view: filled in place
+            eos_lprobs.masked_fill_((steps < bounds["min_lens"])[each_row], -math.inf)
+            eos_lprobs.masked_fill_((steps >= bounds["max_lens"])[each_row], 0.0)
         return lprobs, copies
 
     def _force_prefix(
         self, lprobs: Tensor, engine: DecodingEngine, in_prefix: list[int]
     ) -> tuple[Tensor, Tensor | None]:
         """Keep only the prefix token where one is given (pad = free choice at this step)."""
-        live, per_sentence = engine.live, engine.rows_per_sentence
+        live, each_row = engine.live, engine.row_sentences()
         prefix = engine.per_sentence["prefix"]
         steps = engine.steps_on_device().clamp(max=prefix.size(1) - 1)
         forced = prefix.gather(1, steps.unsqueeze(1)).squeeze(1)
         if len(in_prefix) < len(live):
             outside = [i for i in range(len(live)) if i not in set(in_prefix)]
             forced = forced.index_fill(0, to_device(outside, lprobs.device), self.pad)
-        forced = forced.repeat_interleave(per_sentence).unsqueeze(1)
+        forced = forced[each_row].unsqueeze(1)
         only_forced = torch.full_like(lprobs, -math.inf).scatter_(
             1, forced, lprobs.gather(1, forced)
         )
@@ -116,6 +117,6 @@ class LogProbRules:
         # A prefix that ends here: all beams become copies of beam 0 (the only one that
         # followed the prefix), as in fairseq; attention stays per row as fairseq's does.
         rows = torch.arange(lprobs.size(0), device=lprobs.device)
-        first = rows - rows % per_sentence
+        first = engine.first_rows()[each_row]
         source = torch.where(forced.squeeze(1).eq(self.eos), first, rows)
         return lprobs.index_select(0, source), source

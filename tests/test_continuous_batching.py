@@ -17,6 +17,7 @@ import pytest
 import test_sequence_generator
 import torch
 from fairseq import search
+from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from test_sequence_generator import assert_same
 
@@ -306,6 +307,23 @@ def test_encoder_groups_trade_padding_against_forwards(vocab):
     many = [20] * 16 + [24]  # 17 rows of 24: padding 64 > 48 but < a quarter of 344 tokens
     assert groups(*many) == [many]
     assert groups(*[20] * 16, 40) == [[20] * 16, [40]]
+
+
+def test_a_vocabulary_under_two_beams_when_sentences_join(sentences):
+    """A sentence at its first step decodes one row, which has fewer candidates than beam rows
+    when the vocabulary has fewer than 2 x beam words: the joining sentences' steps are
+    widened with dead candidates, and every sentence still gets its n-best alone."""
+    tiny = Dictionary()
+    for i in range(5):
+        tiny.add_symbol(f"w{i}")
+    tiny.finalize(padding_factor=1)  # 9 symbols: one row has 8 candidates, beam 5 asks 10
+    model = test_sequence_generator.build_convs2s(tiny, 3)
+    words = [s.remainder(5) + tiny.nspecial for s in sentences]
+    words = [torch.cat([w[:-1], torch.tensor([tiny.eos()])]) for w in words]
+    gen = SequenceGenerator([model], tiny, beam_size=5, max_len_b=12)
+    out, engine = stream(gen, words, list(range(len(words))), max_sentences=3)
+    assert_same([alone(gen, w) for w in words], out)
+    assert engine.refills > 0
 
 
 def test_stream_ends_with_slots_half_full(vocab, models, sentences):

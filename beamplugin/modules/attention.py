@@ -51,7 +51,11 @@ class ConvAttention(nn.Module):
         self.out_projection = WeightNormLinear(embed_dim, conv_channels)
 
     def forward(
-        self, x: Tensor, target_embedding: Tensor, memory: EncoderMemory
+        self,
+        x: Tensor,
+        target_embedding: Tensor,
+        memory: EncoderMemory,
+        one_row_sentences: int = 0,
     ) -> tuple[Tensor, Tensor]:
         """x: rows x tgt_len x conv_channels; returns it updated and the attention weights,
         rows x tgt_len x src_len.
@@ -59,18 +63,38 @@ class ConvAttention(nn.Module):
         ``memory`` holds one row per sentence; ``rows`` may be a multiple of it, sentence-major
         (the beams of a sentence in a beam search): they share their sentence's encoder rows,
         so a step attends with one product per sentence and the memory is never copied per beam.
+        The last ``one_row_sentences`` sentences have one row each (their first step), the
+        others as many as each other.
         """
         rows, steps = x.shape[:2]
         sentences = memory["keys"].size(0)
         residual = x
         query = (self.in_projection(x) + target_embedding) * SQRT_HALF
-        scores = torch.bmm(query.view(sentences, -1, query.size(2)), memory["keys"])
-        if memory["padding_mask"] is not None:
-            scores = scores.masked_fill(memory["padding_mask"], float("-inf"))
-        attn = F.softmax(scores, dim=-1)
-        context = torch.bmm(attn, memory["values"]) * memory["scale"]
-        context = context.view(rows, steps, -1)
-        return (self.out_projection(context) + residual) * SQRT_HALF, attn.view(rows, steps, -1)
+        if one_row_sentences in (0, sentences):
+            context, attn = _attend(query.view(sentences, -1, query.size(2)), memory)
+        else:
+            split = sentences - one_row_sentences
+            parts = [
+                _attend(q.view(n, -1, q.size(2)), {k: None if t is None else t[part]
+                                                   for k, t in memory.items()})
+                for q, n, part in (
+                    (query[: rows - one_row_sentences], split, slice(None, split)),
+                    (query[rows - one_row_sentences :], one_row_sentences, slice(split, None)),
+                )
+            ]
+            context, attn = (torch.cat([p[i].view(-1, p[i].size(2)) for p in parts])
+                             for i in (0, 1))
+        context = context.reshape(rows, steps, -1)
+        return (self.out_projection(context) + residual) * SQRT_HALF, attn.reshape(rows, steps, -1)
+
+
+def _attend(query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
+    """Context and attention weights of ``query`` [sentences, rows each, embed]."""
+    scores = torch.bmm(query, memory["keys"])
+    if memory["padding_mask"] is not None:
+        scores = scores.masked_fill(memory["padding_mask"], float("-inf"))
+    attn = F.softmax(scores, dim=-1)
+    return torch.bmm(attn, memory["values"]) * memory["scale"], attn
 
 
 class AttentionMemoryPool:
@@ -157,17 +181,18 @@ class AttentionMemoryPool:
         if self.widths and 2 * max(self.widths) < self.width:
             self._reallocate(len(order), self.memory["keys"].size(0), max(self.widths))
 
-    def view(self, sentences: int) -> dict:
-        """The encoder output that the decoder reads for the first ``sentences`` slots (made
-        again only when the pool changed: most steps just decode)."""
+    def view(self, sentences: int, one_row_sentences: int = 0) -> dict:
+        """The encoder output that the decoder reads for the first ``sentences`` slots, the
+        last ``one_row_sentences`` of which have one decoder row each (made again only when the
+        pool changed: most steps just decode)."""
         keys = self.memory["keys"]
         if self._view is None or self._view[0] != sentences or self._view[1] is not keys:
             memory = {
                 name: None if tensor is None else tensor[:sentences]
                 for name, tensor in self.memory.items()
             }
-            self._view = sentences, keys, {"attention_memory": memory}
-        return self._view[2]
+            self._view = sentences, keys, memory
+        return {"attention_memory": self._view[2], "one_row_sentences": one_row_sentences}
 
 
 def _narrowed(memory: EncoderMemory, rows: slice, width: int) -> EncoderMemory:

@@ -4,7 +4,8 @@ from beamplugin.search.beam_step import (
     BeamStep,
     beam_step,
     block_repeated_ngrams,
+    concat_steps,
     length_normaliser,
 )
 
-__all__ = ["BeamStep", "beam_step", "block_repeated_ngrams", "length_normaliser"]
+__all__ = ["BeamStep", "beam_step", "concat_steps", "block_repeated_ngrams", "length_normaliser"]

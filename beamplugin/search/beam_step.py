@@ -14,6 +14,7 @@ import math
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -64,6 +65,26 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         alive_tokens=cand_tokens.gather(1, order),
         alive_scores=alive_scores,
     )
+
+
+def concat_steps(first: BeamStep, second: BeamStep) -> BeamStep:
+    """Two groups' steps as one, sentences of ``first`` first. A group whose hypotheses all
+    came from one row may have fewer candidates (a vocabulary under 2 x beam words): its extra
+    ones are dead (score -inf)."""
+    k = max(first.cand_scores.size(1), second.cand_scores.size(1))
+
+    def widened(step: BeamStep) -> BeamStep:
+        missing = k - step.cand_scores.size(1)
+        if not missing:
+            return step
+        return step._replace(
+            cand_scores=F.pad(step.cand_scores, (0, missing), value=-math.inf),
+            cand_tokens=F.pad(step.cand_tokens, (0, missing)),
+            cand_beams=F.pad(step.cand_beams, (0, missing)),
+        )
+
+    return BeamStep(*(torch.cat(pair) for pair in zip(widened(first), widened(second),
+                                                      strict=True)))
 
 
 # Below this many log-probs per step a plain torch.topk is as fast as the chunked one.
