@@ -28,12 +28,13 @@ class LogProbRules:
     def __init__(self, gen: SequenceGenerator) -> None:
         self.gen = gen
         self.pad, self.eos, self.unk = gen.pad, gen.eos, gen.unk
-        # Tokens set to -inf: always pad; suppressed tokens and, before min_len, EOS only on
-        # steps without a forced prefix token (fairseq's rules).
+        # Tokens set to -inf (fairseq's rules): pad on every row; suppressed tokens, and before
+        # min_len EOS, on steps without a forced prefix token. Masked on all rows at once where
+        # the rule holds for every sentence (always for pad).
         self.columns = {
-            "prefix": [self.pad],
-            "free": [self.pad, *gen.suppressed],
-            "short": [self.pad, *gen.suppressed, self.eos],
+            "all": [self.pad],
+            "unforced": gen.suppressed,
+            "short": [self.eos],
         }
         self._on_device: dict[tuple[str, torch.device], Tensor] = {}
 
@@ -56,13 +57,12 @@ class LogProbRules:
         in_prefix = [
             i for i, s in enumerate(live) if s.step < s.prefix_len and s.step < s.max_len
         ]
+        forced = set(in_prefix)
+        unforced = [i for i in range(n) if i not in forced] if gen.suppressed else []
         short = []
         if min(s.step for s in live) < gen.min_len:
-            forced = set(in_prefix)
             short = [i for i, s in enumerate(live) if s.step < gen.min_len and i not in forced]
-        taken = set(in_prefix) | set(short)
-        free = [i for i in range(n) if i not in taken]
-        kinds = {"prefix": in_prefix, "short": short, "free": free}
+        kinds = {"all": range(n), "unforced": unforced, "short": short}
         for kind, sentences in kinds.items():
             if sentences:
                 columns = self._columns(kind, lprobs.device)
