@@ -71,30 +71,31 @@ class ConvAttention(nn.Module):
         residual = x
         query = (self.in_projection(x) + target_embedding) * SQRT_HALF
         if one_row_sentences in (0, sentences):
-            context, attn = _attend(query.view(sentences, -1, query.size(2)), memory)
-        else:
-            split = sentences - one_row_sentences
-            parts = [
-                _attend(q.view(n, -1, q.size(2)), {k: None if t is None else t[part]
-                                                   for k, t in memory.items()})
-                for q, n, part in (
-                    (query[: rows - one_row_sentences], split, slice(None, split)),
-                    (query[rows - one_row_sentences :], one_row_sentences, slice(split, None)),
-                )
+            context, attn = _attend(query, memory)
+        else:  # sentences with several rows, then those with one: a product for each group
+            several, first = sentences - one_row_sentences, rows - one_row_sentences
+            groups = [
+                _attend(query[:first], _slots(memory, slice(None, several))),
+                _attend(query[first:], _slots(memory, slice(several, None))),
             ]
-            context, attn = (torch.cat([p[i].view(-1, p[i].size(2)) for p in parts])
-                             for i in (0, 1))
+            context, attn = (torch.cat([g[i].flatten(0, 1) for g in groups]) for i in (0, 1))
         context = context.reshape(rows, steps, -1)
         return (self.out_projection(context) + residual) * SQRT_HALF, attn.reshape(rows, steps, -1)
 
 
 def _attend(query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
-    """Context and attention weights of ``query`` [sentences, rows each, embed]."""
-    scores = torch.bmm(query, memory["keys"])
+    """Context ``[sentences, rows x steps, embed]`` and attention weights of ``query`` (rows x
+    steps x embed, sentence-major) over the memory of its sentences."""
+    sentences = memory["keys"].size(0)
+    scores = torch.bmm(query.view(sentences, -1, query.size(2)), memory["keys"])
     if memory["padding_mask"] is not None:
         scores = scores.masked_fill(memory["padding_mask"], float("-inf"))
     attn = F.softmax(scores, dim=-1)
     return torch.bmm(attn, memory["values"]) * memory["scale"], attn
+
+
+def _slots(memory: EncoderMemory, slots: slice) -> EncoderMemory:
+    return {name: None if t is None else t[slots] for name, t in memory.items()}
 
 
 class AttentionMemoryPool:
