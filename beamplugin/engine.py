@@ -562,22 +562,15 @@ class DecodingEngine:
         if empty:
             # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
             # (beam of them, as in fairseq, even at the first step where all are the same).
-            multi, hypotheses = self.scores.shape
-            # each hypothesis' row, and its score in the scores, or after them: 0 (one row)
-            sents, rows, scores = zip(
-                *(
-                    (s, s * beam + h, s * hypotheses + h % hypotheses)
-                    if s < multi
-                    else (s, multi * beam + s - multi, multi * hypotheses)
-                    for s in empty
-                    for h in range(beam)
-                ),
-                strict=True,
-            )
-            sents_dev, rows, scores = to_device([sents, rows, scores], self.device)
-            cumulative = F.pad(self.scores.reshape(-1), (0, 1)).index_select(0, scores)
-            cumulative = cumulative + lprobs[rows, gen.eos]
-            self._store(list(sents), sents_dev, rows, cumulative, attn)
+            sents = torch.tensor(empty).repeat_interleave(beam)
+            hypos = torch.arange(beam).repeat(len(empty))
+            # a sentence at its first step has one row, one hypothesis, score 0
+            own = hypos.masked_fill(sents >= len(self.live) - self.one_row, 0)
+            sents_dev, own_dev = to_device(torch.stack([sents, own]), self.device)
+            rows = self.first_rows().index_select(0, sents_dev) + own_dev
+            scores = F.pad(self.scores, (0, 0, 0, self.one_row))
+            cumulative = scores[sents_dev, own_dev % scores.size(1)] + lprobs[rows, gen.eos]
+            self._store(sents.tolist(), sents_dev, rows, cumulative, attn)
         return done
 
     def _store(

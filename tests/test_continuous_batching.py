@@ -9,6 +9,7 @@ different lengths, so they finish at very different steps and slots really refil
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import threading
 from collections.abc import Iterator
@@ -324,6 +325,23 @@ def test_a_vocabulary_under_two_beams_when_sentences_join(sentences):
     out, engine = stream(gen, words, list(range(len(words))), max_sentences=3)
     assert_same([alone(gen, w) for w in words], out)
     assert engine.refills > 0
+
+
+def test_sentences_that_die_at_their_first_step_come_back_with_beam_hypotheses(
+    vocab, models, sentences
+):
+    """Every word and unk forbidden and EOS masked until min_len: all hypotheses die at the
+    first step, when each sentence has one row, and exact stopping ends them there; each still
+    gets beam hypotheses (its one row with EOS), as when decoded alone."""
+    words = ["<s>"] + [f"w{i}" for i in range(test_sequence_generator.VOCAB_WORDS)]
+    gen = SequenceGenerator(
+        [models["convs2s"][0]], vocab, beam_size=3, max_len_b=4, min_len=4,
+        unk_penalty=math.inf, tokens_to_suppress=words, stopping="exact",
+    )
+    out, _ = stream(gen, sentences, list(range(len(sentences))), max_sentences=5)
+    assert_same([alone(gen, s) for s in sentences], out)
+    for hypos in out:
+        assert [h["tokens"].tolist() for h in hypos] == [[vocab.eos()]] * 3
 
 
 def test_stream_ends_with_slots_half_full(vocab, models, sentences):
