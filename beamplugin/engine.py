@@ -39,15 +39,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Sentences that join mid-search are encoded ahead, together, in groups of similar source
-# width: padding may add this share of a group's tokens (sorted, groups of random arrivals stay
-# few and dense), or ENCODER_FORWARD_TOKENS if more: what one more forward would cost, since the
-# encoder reads all its weights once per forward (demo model, 1 thread: 2.2 ms + 0.04 ms per
-# padded token).
-MAX_ENCODER_PADDING = 0.25
-ENCODER_FORWARD_TOKENS = 48
-# Requests taken and encoded ahead at once: at least this many, or the capacity in sentences if
-# more (random arrivals sort into fewer, denser width groups among more).
+# width: a forward costs as much as ENCODER_FORWARD_TOKENS padded tokens more, since the encoder
+# reads all its weights once per forward (demo model, 1 thread: 1.0 ms + 0.038 ms per token).
+ENCODER_FORWARD_TOKENS = 26
+# Requests taken and encoded ahead at once: at least ENCODE_AHEAD, or ENCODE_AHEAD_PER_SLOT
+# times the capacity in sentences if more: random arrivals sort into fewer, denser width groups
+# among more (1000 random arrivals at capacity 64, demo model: the encoder takes 0.72 s in
+# windows of 64, 0.70 s of 128, 0.66 s of 256), but a window is encoded at once while the
+# sentences in flight wait.
 ENCODE_AHEAD = 64
+ENCODE_AHEAD_PER_SLOT = 2
 # While sentences are decoding and more may come (a server), fewer than ENCODE_GROUP waiting
 # sentences wait up to MAX_ADMISSION_DELAY steps for others to be encoded with: the encoder
 # reads all its weights once per forward, so a sentence alone costs twice as much to encode as
@@ -122,7 +123,8 @@ class DecodingEngine:
         self.waiting: deque[_Waiting] = deque()  # checked requests not in flight yet
         # requests taken and encoded together ahead of room for them (models that mix steps)
         self.encode_ahead = (
-            max(max_sentences or 0, ENCODE_AHEAD) if max_sentences or max_tokens else math.inf
+            max(ENCODE_AHEAD_PER_SLOT * (max_sentences or 0), ENCODE_AHEAD)
+            if max_sentences or max_tokens else math.inf
         )
         self.fresh = 0  # the last `fresh` live sentences were admitted since the last step
         self.tokens_in_flight = 0
@@ -676,23 +678,35 @@ class _Encoded(NamedTuple):
 
 
 def _similar_widths(waiting: list[_Waiting]) -> list[list[_Waiting]]:
-    """``waiting`` in groups of similar source width, each group's padding at most
-    ``MAX_ENCODER_PADDING`` of its tokens or ``ENCODER_FORWARD_TOKENS``; within a group, the
-    order of ``waiting``."""
-    groups: list[list[tuple[int, _Waiting]]] = []
-    rows = tokens = 0
-    for position, item in sorted(enumerate(waiting), key=lambda p: p[1].request.width):
-        count, width = len(item.request.keys), item.request.width
-        # sorted by width: with this one, the group is its rows times this width, padded
-        grown_rows, grown_tokens = rows + count, tokens + count * width
-        padding = grown_rows * width - grown_tokens
-        if groups and padding <= max(MAX_ENCODER_PADDING * grown_tokens, ENCODER_FORWARD_TOKENS):
-            groups[-1].append((position, item))
-            rows, tokens = grown_rows, grown_tokens
-        else:
-            groups.append([(position, item)])
-            rows, tokens = count, count * width
-    return [[item for _, item in sorted(group, key=lambda p: p[0])] for group in groups]
+    """``waiting`` in the groups that cost the encoder least, narrowest first: a group costs
+    ENCODER_FORWARD_TOKENS plus its rows times its widest source. The best split of the requests
+    sorted by width into runs is found over their distinct widths (dynamic programming, few
+    widths); within a group, the order of ``waiting``."""
+    rows_at: dict[int, int] = {}
+    for item in waiting:
+        rows_at[item.request.width] = rows_at.get(item.request.width, 0) + len(item.request.keys)
+    widths = sorted(rows_at)
+    # cost[j]: of encoding the requests of widths[:j]; start[j]: where its last group starts
+    cost, start = [0], [0]
+    for j, width in enumerate(widths, 1):
+        rows, best, first = 0, math.inf, 0
+        for i in range(j - 1, -1, -1):  # the last group: widths[i:j]
+            rows += rows_at[widths[i]]
+            group_cost = cost[i] + ENCODER_FORWARD_TOKENS + rows * width
+            if group_cost < best:
+                best, first = group_cost, i
+        cost.append(best)
+        start.append(first)
+    group_of: dict[int, int] = {}
+    j = len(widths)
+    while j:
+        for width in widths[start[j] : j]:
+            group_of[width] = start[j]
+        j = start[j]
+    groups: dict[int, list[_Waiting]] = {first: [] for first in sorted(set(group_of.values()))}
+    for item in waiting:
+        groups[group_of[item.request.width]].append(item)
+    return list(groups.values())
 
 
 def _runs(admitted: list[_Waiting]) -> Iterator[tuple[list[Any], slice, int]]:

@@ -9,6 +9,7 @@ different lengths, so they finish at very different steps and slots really refil
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 import threading
@@ -291,23 +292,38 @@ def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(
     assert_same([alone(gen, sentences[i]) for i in range(11)], [finished[i] for i in range(11)])
 
 
-def test_encoder_groups_trade_padding_against_forwards(vocab):
-    """Waiting sentences are encoded in groups of similar width: a group's padding may be a
-    quarter of its tokens, or ENCODER_FORWARD_TOKENS when more (the cost of a forward)."""
+def test_encoder_groups_cost_the_least(vocab):
+    """Waiting sentences are encoded in the groups that cost least, a forward counting as
+    ENCODER_FORWARD_TOKENS tokens more: checked against every split of the sorted widths into
+    runs. Within a group, sentences keep their order of arrival."""
 
-    def groups(*widths: int) -> list[list[int]]:
+    def groups(widths: list[int]) -> list[list[int]]:  # arrival indices
         waiting = [
             _Waiting(sentence_request(i, torch.full((w,), vocab.eos()), None), since=0)
             for i, w in enumerate(widths)
         ]
-        return [[w.request.width for w in group] for group in _similar_widths(waiting)]
+        return [[w.request.keys[0] for w in group] for group in _similar_widths(waiting)]
+
+    def cost(groups: list[list[int]]) -> int:
+        return sum(ENCODER_FORWARD_TOKENS + len(g) * max(g) for g in groups)
 
     small = ENCODER_FORWARD_TOKENS // 2
-    assert groups(small, 3) == [[small, 3]]  # a second forward would cost more than padding
-    assert groups(3, ENCODER_FORWARD_TOKENS + 10) == [[3], [ENCODER_FORWARD_TOKENS + 10]]
-    many = [20] * 16 + [24]  # 17 rows of 24: padding 64 > 48 but < a quarter of 344 tokens
-    assert groups(*many) == [many]
-    assert groups(*[20] * 16, 40) == [[20] * 16, [40]]
+    assert groups([small, 3]) == [[0, 1]]  # a second forward would cost more than the padding
+    assert groups([3, ENCODER_FORWARD_TOKENS + 10]) == [[0], [1]]
+    rng = random.Random(0)
+    for _ in range(40):
+        widths = [rng.randint(2, 40) for _ in range(rng.randint(1, 10))]
+        got = groups(widths)
+        assert sorted(i for g in got for i in g) == list(range(len(widths)))
+        assert all(g == sorted(g) for g in got)
+        distinct = sorted(set(widths))
+        splits = (
+            [distinct[a:b] for a, b in itertools.pairwise([0, *cuts, len(distinct)])]
+            for n in range(len(distinct))
+            for cuts in itertools.combinations(range(1, len(distinct)), n)
+        )
+        best = min(cost([[w for w in widths if w in run] for run in split]) for split in splits)
+        assert cost([[widths[i] for i in g] for g in got]) == best
 
 
 def test_a_vocabulary_under_two_beams_when_sentences_join(sentences):
