@@ -37,10 +37,10 @@ class EncoderMemory(Protocol):
     def rearrange(self, order: list[int]) -> None:
         """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
 
-    def view(self, sentences: int, one_row_sentences: int = 0) -> Any:
-        """The encoder output the decoder reads for the first ``sentences`` slots, the last
-        ``one_row_sentences`` of which have one decoder row each this step (the others beam:
-        only models that mix steps are given a mix)."""
+    def view(self, groups: list[tuple[int, int]]) -> Any:
+        """The encoder output the decoder reads this step: the slots from the first on, in
+        groups of (sentences, decoder rows each); only models that mix steps are given groups
+        that differ in rows."""
 
 
 class ReorderedMemory:
@@ -74,7 +74,7 @@ class ReorderedMemory:
             rows = rows.repeat_interleave(self.rows_per_sentence)
         return self.encoder.reorder_encoder_out(self.out, rows)
 
-    def view(self, sentences: int, one_row_sentences: int = 0) -> Any:
+    def view(self, groups: list[tuple[int, int]]) -> Any:
         return self.out
 
 

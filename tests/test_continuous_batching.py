@@ -29,6 +29,7 @@ from beamplugin.engine import (
     ENCODER_FORWARD_TOKENS,
     MAX_ADMISSION_DELAY,
     DecodingEngine,
+    _arrangement,
     _similar_widths,
     _Waiting,
 )
@@ -91,8 +92,17 @@ def alone(gen: SequenceGenerator, sentence: torch.Tensor, prefix: torch.Tensor |
 
 def stream(gen, sentences, order, prefixes=None, **capacity):
     """Decode ``sentences`` arriving in ``order`` on one engine; results by sentence, and the
-    engine (for its refill count)."""
+    engine (for its refill count, and ``block_steps``: steps that attended two width blocks)."""
     engine = DecodingEngine(gen, **capacity)
+    groups = engine._attention_groups
+    engine.block_steps = 0
+
+    def counted() -> list[tuple[int, int]]:
+        out = groups()
+        engine.block_steps += len(out) - (engine.one_row > 0) > 1
+        return out
+
+    engine._attention_groups = counted
     requests = (
         sentence_request(i, sentences[i], None if prefixes is None or not len(prefixes[i])
                          else prefixes[i])
@@ -145,6 +155,7 @@ def test_stream_equals_each_sentence_alone(vocab, models, sentences, options):
             out, engine = stream(gen, sentences, order, **capacity)
             assert_same(expected, out)
             assert engine.refills > 0, (order_name, capacity)
+            assert engine.block_steps > 0, (order_name, capacity)
             if options.get("print_alignment"):
                 assert [[h["alignment"] for h in hs] for hs in out] == [
                     [h["alignment"] for h in hs] for hs in expected
@@ -290,6 +301,17 @@ def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(
             step()
     assert sum(forwards) == 11 and forwards[-1] == 1
     assert_same([alone(gen, sentences[i]) for i in range(11)], [finished[i] for i in range(11)])
+
+
+def test_sentences_stay_in_width_blocks_and_few_move():
+    """Sentences with beam rows are kept grouped by width block, narrow first: those in their
+    block's new range keep their slot, the others (and those after the sentences that left) fill
+    its holes in their order. One block: the last ones fill the holes of those that left."""
+    assert _arrangement([0, None, 1, 0, None, 1, 0]) == [0, 3, 6, 2, 5]
+    assert _arrangement([1, 1, 0]) == [2, 1, 0]
+    assert _arrangement([0, None, 0, 0, None, 0]) == [0, 5, 2, 3]
+    assert _arrangement([0, 0, 1, 1]) == [0, 1, 2, 3]
+    assert _arrangement([None, None]) == []
 
 
 def test_encoder_groups_cost_the_least(vocab):

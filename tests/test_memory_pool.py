@@ -1,5 +1,6 @@
 """The convs2s attention memory pool on hand-made memories: slots written, moved, widened and
-narrowed, and the decoder's view always showing the current slots."""
+narrowed, and the decoder's view always showing the current slots, in groups each cut to its
+widest source."""
 
 from __future__ import annotations
 
@@ -24,9 +25,15 @@ def memory(values: list[list[float]], padded: list[int] | None = None) -> dict:
 
 
 def slots(pool: AttentionMemoryPool, n: int) -> list[tuple[list[float], list[bool], float]]:
-    """Per slot: its values (first channel), padding mask and scale, as the decoder sees them."""
-    view = pool.view(n)["attention_memory"]
-    mask = view["padding_mask"]
+    """Per slot: its values (first channel), padding mask and scale, as the decoder sees them
+    when it reads the first ``n`` slots as one group."""
+    [(view, rows)] = pool.view([(n, 1)])["attention_groups"]
+    assert rows == n
+    return seen(view)
+
+
+def seen(view: dict) -> list[tuple[list[float], list[bool], float]]:
+    n, mask = view["keys"].size(0), view["padding_mask"]
     rows = []
     for s in range(n):
         assert torch.equal(view["keys"][s], view["values"][s].t())
@@ -80,3 +87,20 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width():
                               ([4, 5, 6], [False, False, False], 3.0)]
     for name, tensor in encoded["attention_memory"].items():
         assert torch.equal(tensor, before[name]), name
+
+
+def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source():
+    pool = AttentionMemoryPool()
+    pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
+    pool.write(1, memory([[3, 4, 5, 6]]), slice(0, 1), 4)
+    pool.write(2, memory([[8]]), slice(0, 1), 1)
+    assert pool.width == 4
+    (first, rows), (second, second_rows) = pool.view([(2, 3), (1, 1)])["attention_groups"]
+    assert (rows, second_rows) == (6, 1)  # sentences x rows each
+    assert seen(first) == [([0, 0, 1, 2], [True, True, False, False], 1.0),
+                           ([3, 4, 5, 6], [False] * 4, 1.0)]
+    assert seen(second) == [([8], [False], 1.0)]
+    (narrow, _), (wide, _) = pool.view([(1, 1), (2, 1)])["attention_groups"]
+    assert seen(narrow) == [([1, 2], [False, False], 1.0)]
+    assert seen(wide) == [([3, 4, 5, 6], [False] * 4, 1.0),
+                          ([0, 0, 0, 8], [True, True, True, False], 1.0)]

@@ -240,8 +240,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     ) -> tuple[Tensor, Tensor | None]:
         if encoder_out is None:
             raise ValueError("the convs2s decoder attends over the encoder: encoder_out is None")
-        memory = encoder_out["attention_memory"]
-        one_row_sentences = encoder_out.get("one_row_sentences", 0)
+        # a memory pool's groups of sentences, or one memory for all rows
+        groups = encoder_out.get("attention_groups") or [
+            (encoder_out["attention_memory"], len(prev_output_tokens))
+        ]
         incremental = incremental_state is not None
         if incremental:
             tokens = prev_output_tokens[:, -1:]
@@ -268,7 +270,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             residual = residual_input(residuals, distance, projection)
             x = F.glu(conv(self.dropout_module(x), incremental_state), dim=2)
             if attention is not None:
-                x, attn = attention(swap(x), target_embedding, memory, one_row_sentences)
+                x, attn = attention(swap(x), target_embedding, groups, keep_attn)
                 x = swap(x)
                 if keep_attn:
                     # averaged over all layers, attending or not, as fconv does

@@ -54,48 +54,55 @@ class ConvAttention(nn.Module):
         self,
         x: Tensor,
         target_embedding: Tensor,
-        memory: EncoderMemory,
-        one_row_sentences: int = 0,
-    ) -> tuple[Tensor, Tensor]:
+        groups: list[tuple[EncoderMemory, int]],
+        need_weights: bool = True,
+    ) -> tuple[Tensor, Tensor | None]:
         """x: rows x tgt_len x conv_channels; returns it updated and the attention weights,
-        rows x tgt_len x src_len.
+        rows x tgt_len x src_len (None unless ``need_weights``).
 
-        ``memory`` holds one row per sentence; ``rows`` may be a multiple of it, sentence-major
-        (the beams of a sentence in a beam search): they share their sentence's encoder rows,
-        so a step attends with one product per sentence and the memory is never copied per beam.
-        The last ``one_row_sentences`` sentences have one row each (their first step), the
-        others as many as each other.
+        ``groups``: the rows, in order, as groups of (the memory of its sentences, one row per
+        sentence, number of rows). A group's rows may be a multiple of its sentences,
+        sentence-major (the beams of a sentence in a beam search): they share their sentence's
+        encoder rows, so a step attends with one product per sentence and the memory is never
+        copied per beam. Groups may differ in rows per sentence and in source width (a pool's
+        sentences at their first step, or of a narrower width block); their attention weights
+        are left-padded to the widest.
         """
         rows, steps = x.shape[:2]
-        sentences = memory["keys"].size(0)
         residual = x
         query = (self.in_projection(x) + target_embedding) * SQRT_HALF
-        if one_row_sentences in (0, sentences):
-            context, attn = _attend(query, memory)
-        else:  # sentences with several rows, then those with one: a product for each group
-            several, first = sentences - one_row_sentences, rows - one_row_sentences
-            groups = [
-                _attend(query[:first], _slots(memory, slice(None, several))),
-                _attend(query[first:], _slots(memory, slice(several, None))),
-            ]
-            context, attn = (torch.cat([g[i].flatten(0, 1) for g in groups]) for i in (0, 1))
+        if len(groups) == 1:
+            context, attn = _attend(query, groups[0][0])
+        else:
+            context = torch.empty_like(query)  # each group writes its rows (no copy to join)
+            attended, first = [], 0
+            for memory, group_rows in groups:
+                rows_of_group = slice(first, first + group_rows)
+                out = context[rows_of_group].view(memory["keys"].size(0), -1, context.size(2))
+                attended.append(_attend(query[rows_of_group], memory, out))
+                first += group_rows
+            if need_weights:
+                width = max(attn.size(-1) for _, attn in attended)
+                attn = torch.cat(
+                    [F.pad(a.flatten(0, 1), (width - a.size(-1), 0)) for _, a in attended]
+                )
         context = context.reshape(rows, steps, -1)
-        return (self.out_projection(context) + residual) * SQRT_HALF, attn.reshape(rows, steps, -1)
+        x = (self.out_projection(context) + residual) * SQRT_HALF
+        return x, attn.reshape(rows, steps, -1) if need_weights else None
 
 
-def _attend(query: Tensor, memory: EncoderMemory) -> tuple[Tensor, Tensor]:
-    """Context ``[sentences, rows x steps, embed]`` and attention weights of ``query`` (rows x
-    steps x embed, sentence-major) over the memory of its sentences."""
+def _attend(
+    query: Tensor, memory: EncoderMemory, out: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Context ``[sentences, rows x steps, embed]`` (written to ``out`` if given) and attention
+    weights of ``query`` (rows x steps x embed, sentence-major) over the memory of its
+    sentences."""
     sentences = memory["keys"].size(0)
     scores = torch.bmm(query.view(sentences, -1, query.size(2)), memory["keys"])
     if memory["padding_mask"] is not None:
         scores = scores.masked_fill(memory["padding_mask"], float("-inf"))
     attn = F.softmax(scores, dim=-1)
-    return torch.bmm(attn, memory["values"]) * memory["scale"], attn
-
-
-def _slots(memory: EncoderMemory, slots: slice) -> EncoderMemory:
-    return {name: None if t is None else t[slots] for name, t in memory.items()}
+    return torch.mul(torch.bmm(attn, memory["values"]), memory["scale"], out=out), attn
 
 
 class AttentionMemoryPool:
@@ -106,14 +113,14 @@ class AttentionMemoryPool:
     as the widest source in flight, shorter ones left-padded and masked. A new sentence is
     written into its slot, a leaving one is replaced by moving a later sentence into its slot:
     no step copies the whole pool. The pool widens when a longer source arrives and narrows once
-    the sources in flight need less than half its width.
+    the sources in flight need less than half its width. The decoder reads it in groups of
+    consecutive slots, each cut to the widest source among them: the attention products grow
+    with the positions they read.
     """
 
     def __init__(self) -> None:
         self.memory: EncoderMemory = {}
         self.widths: list[int] = []  # per live slot: its source width (own padding included)
-        # (sentences, the keys tensor, the view): the tensor itself, since an id can be reused
-        self._view: tuple[int, Tensor, dict] | None = None
 
     @property
     def width(self) -> int:
@@ -182,18 +189,16 @@ class AttentionMemoryPool:
         if self.widths and 2 * max(self.widths) < self.width:
             self._reallocate(len(order), self.memory["keys"].size(0), max(self.widths))
 
-    def view(self, sentences: int, one_row_sentences: int = 0) -> dict:
-        """The encoder output that the decoder reads for the first ``sentences`` slots, the
-        last ``one_row_sentences`` of which have one decoder row each (made again only when the
-        pool changed: most steps just decode)."""
-        keys = self.memory["keys"]
-        if self._view is None or self._view[0] != sentences or self._view[1] is not keys:
-            memory = {
-                name: None if tensor is None else tensor[:sentences]
-                for name, tensor in self.memory.items()
-            }
-            self._view = sentences, keys, memory
-        return {"attention_memory": self._view[2], "one_row_sentences": one_row_sentences}
+    def view(self, groups: list[tuple[int, int]]) -> dict:
+        """The encoder output that the decoder reads: for each group of slots, from the first
+        on, (sentences, decoder rows each), their memory cut to the widest of them."""
+        attention_groups, slot = [], 0
+        for sentences, rows_each in groups:
+            slots = slice(slot, slot + sentences)
+            memory = _narrowed(self.memory, slots, max(self.widths[slots]))
+            attention_groups.append((memory, sentences * rows_each))
+            slot += sentences
+        return {"attention_groups": attention_groups}
 
 
 def _narrowed(memory: EncoderMemory, rows: slice, width: int) -> EncoderMemory:
