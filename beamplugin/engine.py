@@ -43,13 +43,12 @@ logger = logging.getLogger(__name__)
 # width: a forward costs as much as ENCODER_FORWARD_TOKENS padded tokens more, since the encoder
 # reads all its weights once per forward (demo model, 1 thread: 1.0 ms + 0.038 ms per token).
 ENCODER_FORWARD_TOKENS = 26
-# Requests taken and encoded ahead at once: at least ENCODE_AHEAD, or ENCODE_AHEAD_PER_SLOT
-# times the capacity in sentences if more: random arrivals sort into fewer, denser width groups
-# among more (1000 random arrivals at capacity 64, demo model: the encoder takes 0.72 s in
-# windows of 64, 0.70 s of 128, 0.66 s of 256), but a window is encoded at once while the
-# sentences in flight wait.
+# Requests taken ahead of room for them, and grouped for the encoder together: at least
+# ENCODE_AHEAD, or ENCODE_AHEAD_PER_SLOT times the capacity in sentences if more: random
+# arrivals sort into fewer, denser width groups among more (1000 random arrivals at capacity 64,
+# demo model: the encoder takes 0.72 s in windows of 64, 0.70 s of 128, 0.66 s of 256).
 ENCODE_AHEAD = 64
-ENCODE_AHEAD_PER_SLOT = 2
+ENCODE_AHEAD_PER_SLOT = 4
 # While sentences are decoding and more may come (a server), fewer than ENCODE_GROUP waiting
 # sentences wait up to MAX_ADMISSION_DELAY steps for others to be encoded with: the encoder
 # reads all its weights once per forward, so a sentence alone costs twice as much to encode as
@@ -204,8 +203,6 @@ class DecodingEngine:
         """Whether to take another request: until ``encode_ahead`` wait, for models that mix
         steps (encoded together, they join one by one as slots free up); otherwise while all
         that wait fit into the next batch."""
-        if self.waiting and self.waiting[-1].encoded is not None:
-            return False  # take more once these are in flight
         if self.model.mixes_steps:
             return len(self.waiting) < self.encode_ahead
         return not self.live and self._fitting(self._waiting_requests()) == len(self.waiting)
@@ -215,18 +212,17 @@ class DecodingEngine:
         self.waiting.append(_Waiting(request, self.steps))
 
     def admit_waiting(self, more_coming: bool = False) -> None:
-        """Put the waiting requests that fit in flight, in their order. They are encoded first,
-        and with them every other waiting one (for models that mix steps). ``more_coming``: more
-        requests may arrive soon, so while others decode, a few may wait a little to be encoded
-        together (ENCODE_GROUP)."""
+        """Put the waiting requests that fit in flight, in their order, encoded first (see
+        _encode). ``more_coming``: more requests may arrive soon, so while others decode, a few
+        may wait a little to be encoded together (ENCODE_GROUP)."""
         count = self._fitting(self._waiting_requests())
         if not count:
             return
-        if self.waiting[0].encoded is None:
+        admitted = list(itertools.islice(self.waiting, count))
+        if any(item.encoded is None for item in admitted):
             if more_coming and self.live and self._gathering():
                 return
-            ahead = len(self.waiting) if self.model.mixes_steps else count
-            self._encode(list(self.waiting)[:ahead])
+            self._encode(admitted)
         self._admit([self.waiting.popleft() for _ in range(count)])
 
     def _gathering(self) -> bool:
@@ -242,10 +238,22 @@ class DecodingEngine:
     def _waiting_requests(self) -> Iterator[Request]:
         return (w.request for w in self.waiting)
 
-    def _encode(self, waiting: list[_Waiting]) -> None:
-        """Encode ``waiting`` in few forwards: for models that mix steps, in groups of similar
-        source width, rows in the order of ``waiting``; otherwise as one batch, as fairseq does."""
-        groups = _similar_widths(waiting) if self.model.mixes_steps else [waiting]
+    def _encode(self, admitted: list[_Waiting]) -> None:
+        """Encode the requests about to be admitted. Models that mix steps encode them in the
+        groups of similar width planned for every waiting request (rows in their order), once,
+        when the first of them is admitted, and each group when the first of it is: a window
+        of requests is grouped as a whole, but its encoding is spread over the steps (the
+        sentences in flight wait while the encoder runs). Other models encode the admitted
+        batch, as fairseq does."""
+        if not self.model.mixes_steps:
+            groups = [admitted]
+        else:
+            if any(item.group is None for item in admitted):
+                for group in _similar_widths([w for w in self.waiting if w.group is None]):
+                    for item in group:
+                        item.group = group
+            unencoded = (item.group for item in admitted if item.encoded is None)
+            groups = list({id(group): group for group in unencoded}.values())
         for group in groups:
             requests = [w.request for w in group]
             net_input = {
@@ -692,6 +700,7 @@ class _Waiting:
 
     request: Request
     since: int  # the engine's step count when it came
+    group: list[_Waiting] | None = None  # the requests it is to be encoded with, once planned
     encoded: _Encoded | None = None
 
 

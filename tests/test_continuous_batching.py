@@ -260,6 +260,32 @@ def test_sentences_that_join_are_encoded_ahead_together(vocab, models):
     assert forwards == [12]
 
 
+def test_a_window_is_grouped_at_once_and_each_group_encoded_when_its_first_joins(vocab, models):
+    """The waiting sentences are grouped for the encoder together, but a group is encoded only
+    when its first sentence joins: six short ones, then six long ones, at capacity 4 take a
+    forward of the six short ones at once, and one of the six long ones steps later."""
+    g = torch.Generator().manual_seed(6)
+    sentences = [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for n in [3, 2, 3, 3, 2, 3] + [60] * 6
+    ]
+    model = models["convs2s"][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    expected = [alone(gen, s) for s in sentences]
+    forwards: list[tuple[int, int]] = []  # (sentences, decoder steps taken before)
+    steps: list[int] = []
+    encode, decode_step = gen.model.encode, gen.model.decode_step
+    gen.model.encode = lambda net_input: forwards.append(
+        (len(net_input["src_tokens"]), len(steps))
+    ) or encode(net_input)
+    gen.model.decode_step = lambda *a: steps.append(1) or decode_step(*a)
+    out, engine = stream(gen, sentences, list(range(12)), max_sentences=4)
+    assert_same(expected, out)
+    assert [count for count, _ in forwards] == [6, 6]
+    assert forwards[0][1] == 0 and forwards[1][1] > 0
+
+
 def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(
     vocab, models, sentences
 ):
