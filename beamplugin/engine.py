@@ -3,10 +3,10 @@ step, and retires those that are finished; new sentences can join while others a
 (continuous batching).
 
 Data flow of a step: the rows of every sentence in flight (sentence-major, ``beam`` rows each,
-and one row for each sentence at its first step when every model allows it: those come last)
-go through the decoder; the log-prob rules mask them; the beam step picks candidates; the
-n-best keepers take the hypotheses that end; finished sentences leave, and their slots go to
-the next sentences.
+and one row for each sentence at its first step when every model allows it: those come last;
+the others in two blocks of similar source width, for the attention) go through the decoder;
+the log-prob rules mask them; the beam step picks candidates; the n-best keepers take the
+hypotheses that end; finished sentences leave, and their slots go to the next sentences.
 
 Sentences at different steps can share a forward only when every model mixes steps (see
 beamplugin.ensemble); otherwise new sentences are admitted when the engine is empty, which is
@@ -122,7 +122,8 @@ class DecodingEngine:
         self.rules = LogProbRules(gen)
         self.live: list[_Sentence] = []
         self.waiting: deque[_Waiting] = deque()  # checked requests not in flight yet
-        # requests taken and encoded together ahead of room for them (models that mix steps)
+        # requests taken ahead of room for them and grouped for the encoder (models that mix
+        # steps)
         self.encode_ahead = (
             max(ENCODE_AHEAD_PER_SLOT * (max_sentences or 0), ENCODE_AHEAD)
             if max_sentences or max_tokens else math.inf
