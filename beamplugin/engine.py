@@ -673,8 +673,11 @@ class DecodingEngine:
         order_dev = None
         done = done or [False] * len(self.live)
         finished = [self._result(s) for s, d in zip(self.live, done, strict=True) if d]
-        order = _arrangement([None if d else s.block for s, d in zip(self.live, done, strict=True)])
-        if finished or order != list(range(len(order))):
+        order = None
+        if finished or self.one_row:  # else every sentence keeps its slot
+            blocks = [None if d else s.block for s, d in zip(self.live, done, strict=True)]
+            order = _arrangement(blocks)
+        if order is not None and (finished or order != list(range(len(order)))):
             self.live = [self.live[old] for old in order]
             self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
             if self.live:

@@ -121,6 +121,9 @@ class AttentionMemoryPool:
     def __init__(self) -> None:
         self.memory: EncoderMemory = {}
         self.widths: list[int] = []  # per live slot: its source width (own padding included)
+        # views made since the slots last changed, by groups: most steps at a small capacity
+        # neither admit nor retire a sentence
+        self._views: dict[tuple[tuple[int, int], ...], dict] = {}
 
     @property
     def width(self) -> int:
@@ -129,6 +132,7 @@ class AttentionMemoryPool:
     def write(self, first_slot: int, encoder_out: dict, rows: slice, width: int) -> None:
         """Put rows ``rows`` of ``encoder_out`` (sources of at most ``width`` positions, the
         last ones: sources are left-padded) at slots ``first_slot`` on."""
+        self._views.clear()
         source = encoder_out["attention_memory"]
         new = _narrowed(source, rows, width)
         count = new["values"].size(0)
@@ -179,6 +183,7 @@ class AttentionMemoryPool:
         self.memory["scale"][:live] = old["scale"][:live]
 
     def rearrange(self, order: list[int]) -> None:
+        self._views.clear()
         moved = [(slot, old) for slot, old in enumerate(order) if slot != old]
         self.widths = [self.widths[old] for old in order]
         if moved:
@@ -192,13 +197,16 @@ class AttentionMemoryPool:
     def view(self, groups: list[tuple[int, int]]) -> dict:
         """The encoder output that the decoder reads: for each group of slots, from the first
         on, (sentences, decoder rows each), their memory cut to the widest of them."""
-        attention_groups, slot = [], 0
-        for sentences, rows_each in groups:
-            slots = slice(slot, slot + sentences)
-            memory = _narrowed(self.memory, slots, max(self.widths[slots]))
-            attention_groups.append((memory, sentences * rows_each))
-            slot += sentences
-        return {"attention_groups": attention_groups}
+        key = tuple(groups)
+        if key not in self._views:
+            attention_groups, slot = [], 0
+            for sentences, rows_each in groups:
+                slots = slice(slot, slot + sentences)
+                memory = _narrowed(self.memory, slots, max(self.widths[slots]))
+                attention_groups.append((memory, sentences * rows_each))
+                slot += sentences
+            self._views[key] = {"attention_groups": attention_groups}
+        return self._views[key]
 
 
 def _narrowed(memory: EncoderMemory, rows: slice, width: int) -> EncoderMemory:
