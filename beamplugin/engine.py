@@ -202,8 +202,8 @@ class DecodingEngine:
 
     def wants_requests(self) -> bool:
         """Whether to take another request: until ``encode_ahead`` wait, for models that mix
-        steps (encoded together, they join one by one as slots free up); otherwise while all
-        that wait fit into the next batch."""
+        steps (grouped for the encoder together, they join one by one as slots free up);
+        otherwise while all that wait fit into the next batch."""
         if self.model.mixes_steps:
             return len(self.waiting) < self.encode_ahead
         return not self.live and self._fitting(self._waiting_requests()) == len(self.waiting)
@@ -673,11 +673,11 @@ class DecodingEngine:
         order_dev = None
         done = done or [False] * len(self.live)
         finished = [self._result(s) for s, d in zip(self.live, done, strict=True) if d]
-        order = None
-        if finished or self.one_row:  # else every sentence keeps its slot
+        kept = order = list(range(len(self.live)))
+        if finished or self.one_row:  # some left, or some join their width block
             blocks = [None if d else s.block for s, d in zip(self.live, done, strict=True)]
             order = _arrangement(blocks)
-        if order is not None and (finished or order != list(range(len(order)))):
+        if order != kept:
             self.live = [self.live[old] for old in order]
             self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
             if self.live:

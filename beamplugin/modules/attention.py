@@ -71,7 +71,7 @@ class ConvAttention(nn.Module):
         rows, steps = x.shape[:2]
         residual = x
         query = (self.in_projection(x) + target_embedding) * SQRT_HALF
-        if len(groups) == 1:
+        if len(groups) == 1:  # also in training: autograd cannot write into an output buffer
             context, attn = _attend(query, groups[0][0])
         else:
             context = torch.empty_like(query)  # each group writes its rows (no copy to join)
@@ -82,7 +82,7 @@ class ConvAttention(nn.Module):
                 attended.append(_attend(query[rows_of_group], memory, out))
                 first += group_rows
             if need_weights:
-                width = max(attn.size(-1) for _, attn in attended)
+                width = max(a.size(-1) for _, a in attended)
                 attn = torch.cat(
                     [F.pad(a.flatten(0, 1), (width - a.size(-1), 0)) for _, a in attended]
                 )
