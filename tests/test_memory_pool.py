@@ -12,20 +12,19 @@ from beamplugin.modules import AttentionMemoryPool
 def memory(values: list[list[float]], padded: list[int] | None = None) -> dict:
     """An encoder output of sentences whose values are ``values[s]`` per source position
     (embed dim 2: the value and its negation), the first ``padded[s]`` positions padding."""
-    v = torch.tensor(values).unsqueeze(2).repeat(1, 1, 2)
+    v = torch.tensor(values, dtype=torch.float).unsqueeze(2).repeat(1, 1, 2)
     v[:, :, 1] *= -1
-    mask = None
+    bias = None
     if padded is not None:
         mask = torch.arange(v.size(1)).unsqueeze(0) < torch.tensor(padded).unsqueeze(1)
-        mask = mask.unsqueeze(1)
+        bias = torch.zeros(mask.shape).masked_fill(mask, -torch.inf).unsqueeze(1)
     scale = torch.arange(1.0, len(values) + 1).view(-1, 1, 1)
-    out = {"keys": v.transpose(1, 2).contiguous(), "values": v, "padding_mask": mask,
-           "scale": scale}
+    out = {"keys": v.transpose(1, 2).contiguous(), "values": v, "bias": bias, "scale": scale}
     return {"attention_memory": out}
 
 
 def slots(pool: AttentionMemoryPool, n: int) -> list[tuple[list[float], list[bool], float]]:
-    """Per slot: its values (first channel), padding mask and scale, as the decoder sees them
+    """Per slot: its values (first channel), masked positions and scale, as the decoder sees them
     when it reads the first ``n`` slots as one group."""
     [(view, rows)] = pool.view([(n, 1)])["attention_groups"]
     assert rows == n
@@ -33,11 +32,14 @@ def slots(pool: AttentionMemoryPool, n: int) -> list[tuple[list[float], list[boo
 
 
 def seen(view: dict) -> list[tuple[list[float], list[bool], float]]:
-    n, mask = view["keys"].size(0), view["padding_mask"]
+    n, bias = view["keys"].size(0), view["bias"]
     rows = []
     for s in range(n):
         assert torch.equal(view["keys"][s], view["values"][s].t())
-        masked = [False] * view["values"].size(1) if mask is None else mask[s, 0].tolist()
+        masked = [False] * view["values"].size(1)
+        if bias is not None:  # -inf where masked, else 0
+            assert set(bias[s, 0].tolist()) <= {0.0, -torch.inf}
+            masked = bias[s, 0].isinf().tolist()
         rows.append((view["values"][s, :, 0].tolist(), masked, float(view["scale"][s])))
     return rows
 

@@ -20,23 +20,26 @@ def encoder_memory(encoder_out: dict) -> EncoderMemory:
     """What every attention layer reads from the encoder, prepared once per sentence.
 
     keys: batch x embed x src_len (transposed once for the score product), values:
-    batch x src_len x embed, padding_mask: batch x 1 x src_len or None, scale: batch x 1 x 1,
+    batch x src_len x embed, bias: batch x 1 x src_len, -inf at padding (added to the scores
+    by their product: no masking step), or None without padding, scale: batch x 1 x 1,
     sqrt(number of real source tokens), which undoes the averaging of the attention read-out.
     """
     keys, values = encoder_out["encoder_out"]
     padding_mask = encoder_out["encoder_padding_mask"]
     src_len = values.size(1)
+    bias = None
     if padding_mask is None:
         scale = values.new_full((values.size(0), 1, 1), src_len * math.sqrt(1.0 / src_len))
     else:
         # counted in float32: bfloat16 holds integers exactly only up to 256
         lengths = src_len - padding_mask.float().sum(dim=1, keepdim=True).unsqueeze(-1)
         scale = (lengths * lengths.rsqrt()).to(values.dtype)
-        padding_mask = padding_mask.unsqueeze(1)
+        bias = values.new_zeros(padding_mask.shape).masked_fill_(padding_mask, -math.inf)
+        bias = bias.unsqueeze(1)
     return {
         "keys": keys.transpose(1, 2).contiguous(),
         "values": values,
-        "padding_mask": padding_mask,
+        "bias": bias,
         "scale": scale,
     }
 
@@ -98,9 +101,11 @@ def _attend(
     weights of ``query`` (rows x steps x embed, sentence-major) over the memory of its
     sentences."""
     sentences = memory["keys"].size(0)
-    scores = torch.bmm(query.view(sentences, -1, query.size(2)), memory["keys"])
-    if memory["padding_mask"] is not None:
-        scores = scores.masked_fill(memory["padding_mask"], float("-inf"))
+    query = query.view(sentences, -1, query.size(2))
+    if memory["bias"] is None:
+        scores = torch.bmm(query, memory["keys"])
+    else:
+        scores = torch.baddbmm(memory["bias"], query, memory["keys"])
     attn = F.softmax(scores, dim=-1)
     return torch.mul(torch.bmm(attn, memory["values"]), memory["scale"], out=out), attn
 
@@ -110,12 +115,12 @@ class AttentionMemoryPool:
     that mixes sentences of different steps in one forward (see beamplugin.ensemble).
 
     Slots are rows of preallocated tensors (as :func:`encoder_memory` lays them out), all as wide
-    as the widest source in flight, shorter ones left-padded and masked. A new sentence is
-    written into its slot, a leaving one is replaced by moving a later sentence into its slot:
-    no step copies the whole pool. The pool widens when a longer source arrives and narrows once
-    the sources in flight need less than half its width. The decoder reads it in groups of
-    consecutive slots, each cut to the widest source among them: the attention products grow
-    with the positions they read.
+    as the widest source in flight, shorter ones left-padded and masked (bias -inf). A new
+    sentence is written into its slot, a leaving one is replaced by moving a later sentence into
+    its slot: no step copies the whole pool. The pool widens when a longer source arrives and
+    narrows once the sources in flight need less than half its width. The decoder reads it in
+    groups of consecutive slots, each cut to the widest source among them: the attention
+    products grow with the positions they read.
     """
 
     def __init__(self) -> None:
@@ -148,7 +153,7 @@ class AttentionMemoryPool:
         if capacity < first_slot + count:
             capacity = 2 * (first_slot + count)  # room to grow without reallocating each time
         if (
-            self.memory["padding_mask"] is None
+            self.memory["bias"] is None
             or self.width != width
             or capacity != self.memory["keys"].size(0)
         ):
@@ -159,9 +164,8 @@ class AttentionMemoryPool:
         self.memory["keys"][slots, :, pad:] = new["keys"]
         self.memory["values"][slots, :pad] = 0
         self.memory["values"][slots, pad:] = new["values"]
-        self.memory["padding_mask"][slots, :, :pad] = True
-        new_mask = new["padding_mask"]
-        self.memory["padding_mask"][slots, :, pad:] = False if new_mask is None else new_mask
+        self.memory["bias"][slots, :, :pad] = -math.inf
+        self.memory["bias"][slots, :, pad:] = 0 if new["bias"] is None else new["bias"]
         self.memory["scale"][slots] = new["scale"]
 
     def _reallocate(self, live: int, capacity: int, width: int) -> None:
@@ -171,15 +175,15 @@ class AttentionMemoryPool:
         self.memory = {
             "keys": keys.new_zeros(capacity, keys.size(1), width),
             "values": values.new_zeros(capacity, width, values.size(2)),
-            "padding_mask": torch.ones(capacity, 1, width, dtype=torch.bool, device=keys.device),
+            "bias": values.new_full((capacity, 1, width), -math.inf),
             "scale": old["scale"].new_zeros(capacity, 1, 1),
         }
         self.memory["keys"][:live, :, -kept:] = keys[:live, :, -kept:]
         self.memory["values"][:live, -kept:] = values[:live, -kept:]
-        if old["padding_mask"] is None:
-            self.memory["padding_mask"][:live, :, -kept:] = False
+        if old["bias"] is None:
+            self.memory["bias"][:live, :, -kept:] = 0
         else:
-            self.memory["padding_mask"][:live, :, -kept:] = old["padding_mask"][:live, :, -kept:]
+            self.memory["bias"][:live, :, -kept:] = old["bias"][:live, :, -kept:]
         self.memory["scale"][:live] = old["scale"][:live]
 
     def rearrange(self, order: list[int]) -> None:
@@ -211,10 +215,10 @@ class AttentionMemoryPool:
 
 def _narrowed(memory: EncoderMemory, rows: slice, width: int) -> EncoderMemory:
     """Rows ``rows`` of an attention memory, cut to its last ``width`` source positions."""
-    keys, values, mask = memory["keys"], memory["values"], memory["padding_mask"]
+    keys, values, bias = memory["keys"], memory["values"], memory["bias"]
     return {
         "keys": keys[rows, :, keys.size(2) - width :],
         "values": values[rows, values.size(1) - width :],
-        "padding_mask": None if mask is None else mask[rows, :, mask.size(2) - width :],
+        "bias": None if bias is None else bias[rows, :, bias.size(2) - width :],
         "scale": memory["scale"][rows],
     }
