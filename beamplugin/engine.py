@@ -45,10 +45,12 @@ logger = logging.getLogger(__name__)
 ENCODER_FORWARD_TOKENS = 26
 # Requests taken ahead of room for them, and grouped for the encoder together: at least
 # ENCODE_AHEAD, or ENCODE_AHEAD_PER_SLOT times the capacity in sentences if more: random
-# arrivals sort into fewer, denser width groups among more (1000 random arrivals at capacity 64,
-# demo model: the encoder takes 0.72 s in windows of 64, 0.70 s of 128, 0.66 s of 256).
-ENCODE_AHEAD = 64
-ENCODE_AHEAD_PER_SLOT = 4
+# arrivals sort into fewer, denser width groups among more (1000 random arrivals, demo model:
+# the encoder takes 0.77 s in windows of 64, 0.65 s of 256, 0.63 s of 512 at capacity 16;
+# static batches of the sorted sentences 0.65 s). Each group is encoded only when its first
+# request joins, so a wide window holds little encoder output.
+ENCODE_AHEAD = 512
+ENCODE_AHEAD_PER_SLOT = 8
 # While sentences are decoding and more may come (a server), fewer than ENCODE_GROUP waiting
 # sentences wait up to MAX_ADMISSION_DELAY steps for others to be encoded with: the encoder
 # reads all its weights once per forward, so a sentence alone costs twice as much to encode as

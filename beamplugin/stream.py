@@ -141,7 +141,7 @@ class TranslationStream:
     own; each ``submit`` returns a future of the sentence's hypotheses (best first).
 
     At most ``max_queued`` sentences wait in the queue (besides those the engine has taken ahead
-    to encode, 64 or four times its capacity): then ``submit`` blocks, or with ``block=False``
+    to encode, 512 or eight times its capacity): then ``submit`` blocks, or with ``block=False``
     (or after ``timeout``) raises :class:`QueueFull`. ``close()`` takes no more sentences and
     returns once every accepted one is decoded.
     """
