@@ -11,10 +11,12 @@ capacity C (sentences in flight), in interleaved rounds:
 * ``continuous, sorted``: the engine on the sorted sentences;
 * ``fairseq``: fairseq's SequenceGenerator on the arrival-order batches (same model).
 
-Every system decodes once untimed first; each round starts with the next system. Prints
-sentences/s (median wall time over the rounds, and CPU time of this process: on a shared machine
-the latter moves less), each system's speed against ``static`` and ``static, sorted``, and
-whether every sentence's best hypothesis is the same as continuous's.
+Every system decodes once untimed first; each round runs the systems in an order of its own
+(shuffled, seeded). Prints sentences/s (median wall time over the rounds, and CPU time of this
+process), each system's speed against ``static`` and ``static, sorted``, the same ratios paired
+within rounds (the median of each round's ratio: the machine's speed drifts by several percent
+over minutes, and a round's systems run within a minute of each other), and whether every
+sentence's best hypothesis is the same as continuous's.
 
     python scripts/bench_stream.py --path data/work/checkpoints/checkpoint_last.pt \\
         --data data/work/bin --sentences 1000 --capacities 16 64
@@ -130,11 +132,11 @@ def main() -> None:
         # second of system time at capacity 64), whichever system runs first.
         for decode in systems.values():
             decode()
-        names = list(systems)
-        for round_ in range(args.repeats):
-            # each round starts with the next system: none always runs right after another
-            # (fairseq's generator leaves the heap and caches in a state of its own)
-            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+        shuffle = random.Random(args.seed)
+        for _ in range(args.repeats):
+            # no system always runs right after another (fairseq's generator leaves the heap
+            # and caches in a state of its own; a cyclic rotation keeps each one's predecessor)
+            for name in shuffle.sample(list(systems), len(systems)):
                 decode = systems[name]
                 start_wall, start_cpu = time.perf_counter(), time.process_time()
                 outputs[name] = decode()
@@ -144,11 +146,15 @@ def main() -> None:
                 cpu[name].append(time.process_time() - start_cpu)
         reference = outputs["continuous"]
         print(f"\ncapacity {capacity}: system | sent/s wall (cpu) | vs static | vs static, sorted "
-              "| best hypothesis as continuous's")
+              "| paired in rounds: vs static, vs sorted | best hypothesis as continuous's")
         base = {k: statistics.median(wall[k]) for k in ("static", "static, sorted")}
         base_cpu = {k: statistics.median(cpu[k]) for k in ("static", "static, sorted")}
         for name in systems:
             seconds, cpu_seconds = statistics.median(wall[name]), statistics.median(cpu[name])
+            paired = [
+                statistics.median(b / s for b, s in zip(wall[k], wall[name], strict=True))
+                for k in ("static", "static, sorted")
+            ]
             same = sum(
                 o[0]["tokens"].tolist() == r[0]["tokens"].tolist()
                 and abs(float(o[0]["score"]) - float(r[0]["score"])) < 1e-4
@@ -157,7 +163,8 @@ def main() -> None:
             print(f"  {name:19s} | {count / seconds:6.1f} ({count / cpu_seconds:6.1f}) | "
                   f"x{base['static'] / seconds:.2f} (x{base_cpu['static'] / cpu_seconds:.2f}) | "
                   f"x{base['static, sorted'] / seconds:.2f} "
-                  f"(x{base_cpu['static, sorted'] / cpu_seconds:.2f}) | {same}/{count}")
+                  f"(x{base_cpu['static, sorted'] / cpu_seconds:.2f}) | "
+                  f"x{paired[0]:.2f}, x{paired[1]:.2f} | {same}/{count}")
 
 
 if __name__ == "__main__":
