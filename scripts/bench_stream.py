@@ -12,11 +12,15 @@ capacity C (sentences in flight), in interleaved rounds:
 * ``fairseq``: fairseq's SequenceGenerator on the arrival-order batches (same model).
 
 Every system decodes once untimed first; each round runs the systems in an order of its own
-(shuffled, seeded). Prints sentences/s (median wall time over the rounds, and CPU time of this
-process), each system's speed against ``static`` and ``static, sorted``, the same ratios paired
-within rounds (the median of each round's ratio: the machine's speed drifts by several percent
-over minutes, and a round's systems run within a minute of each other), and whether every
-sentence's best hypothesis is the same as continuous's.
+(shuffled, seeded). Before each decode, Python's cyclic garbage collector collects and freezes
+what exists (untimed): a full pass walks every object of the process (300,000 and more: the
+libraries, the model, the outputs kept for comparison; 0.15-0.3 s) at moments set by allocation
+counts, so it charged one decode or another at random, a few percent of it. Prints sentences/s
+(median wall time over the rounds, and CPU time of this process), each system's speed against
+``static`` and ``static, sorted``, the same ratios paired within rounds (the median of each
+round's ratio: the machine's speed drifts by several percent over minutes, and a round's
+systems run within a minute of each other), and whether every sentence's best hypothesis is the
+same as continuous's.
 
     python scripts/bench_stream.py --path data/work/checkpoints/checkpoint_last.pt \\
         --data data/work/bin --sentences 1000 --capacities 16 64
@@ -25,6 +29,7 @@ sentence's best hypothesis is the same as continuous's.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import time
@@ -138,6 +143,8 @@ def main() -> None:
             # and caches in a state of its own; a cyclic rotation keeps each one's predecessor)
             for name in shuffle.sample(list(systems), len(systems)):
                 decode = systems[name]
+                gc.collect()
+                gc.freeze()
                 start_wall, start_cpu = time.perf_counter(), time.process_time()
                 outputs[name] = decode()
                 if device.type == "cuda":
