@@ -511,10 +511,7 @@ class DecodingEngine:
             if attn is not None:
                 self.attention = self.attention[:, -history:]
         if fresh:
-            # their columns before BOS: copies of another row's, made pad and score 0 (a
-            # hypothesis' positional scores are then its cumulative ones differenced)
             self.tokens[-fresh_rows:, :-1] = gen.pad
-            self.cumulative[-fresh_rows:, :-1] = 0
         self.scores = scores
         self.model.reorder_states(self.reorderers, self.states, rows, fresh_rows)
         self.fresh = 0
@@ -626,7 +623,8 @@ class DecodingEngine:
         eos = torch.full_like(rows, gen.eos).unsqueeze(1)
         tokens = torch.cat([self.tokens.index_select(0, rows), eos], 1)
         cumulative = torch.cat([self.cumulative.index_select(0, rows), eos_cumulative[:, None]], 1)
-        # a row's own columns are its last `length`, those before it 0 (see _advance)
+        # A row's own columns are its last `length`; the one before them is the score 0 its
+        # sentence joined with (or F.pad's 0), so differences are its positional scores.
         positional = cumulative - F.pad(cumulative[:, :-1], (1, 0))
         scores = eos_cumulative
         if gen.normalize_scores:
