@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 # width: a forward costs as much as ENCODER_FORWARD_TOKENS padded tokens more, since the encoder
 # reads all its weights once per forward (demo model, 1 thread: 1.0 ms + 0.038 ms per token).
 ENCODER_FORWARD_TOKENS = 26
-# Requests taken ahead of room for them, and grouped for the encoder together: at least
+# Requests taken ahead of room for them, grouped for the encoder together and admitted in
+# width order (see DecodingEngine._plan): at least
 # ENCODE_AHEAD, or ENCODE_AHEAD_PER_SLOT times the capacity in sentences if more: random
 # arrivals sort into fewer, denser width groups among more (1000 random arrivals, demo model:
 # the encoder takes 0.77 s in windows of 64, 0.65 s of 256, 0.63 s of 512 at capacity 16;
@@ -215,21 +216,26 @@ class DecodingEngine:
         self.waiting.append(_Waiting(request, self.steps))
 
     def admit_waiting(self, more_coming: bool = False) -> None:
-        """Put the waiting requests that fit in flight, in their order, encoded first (see
-        _encode). ``more_coming``: more requests may arrive soon, so while others decode, a few
-        may wait a little to be encoded together (ENCODE_GROUP)."""
+        """Put the waiting requests that fit in flight, in their order (see _plan), encoded
+        first (see _encode). ``more_coming``: more requests may arrive soon, so while others
+        decode, a few may wait a little to be planned and encoded together (ENCODE_GROUP)."""
         count = self._fitting(self._waiting_requests())
         if not count:
             return
-        admitted = list(itertools.islice(self.waiting, count))
-        if any(item.encoded is None for item in admitted):
+        if self.model.mixes_steps and self.waiting[count - 1].group is None:
             if more_coming and self.live and self._gathering():
                 return
+            self._plan()
+            count = self._fitting(self._waiting_requests())
+            if not count:
+                return
+        admitted = list(itertools.islice(self.waiting, count))
+        if any(item.encoded is None for item in admitted):
             self._encode(admitted)
         self._admit([self.waiting.popleft() for _ in range(count)])
 
     def _gathering(self) -> bool:
-        """Whether the waiting requests, not encoded yet, should wait for more (never once
+        """Whether the waiting requests, not planned yet, should wait for more (never once
         the engine takes no more ahead)."""
         sentences = sum(len(w.request.keys) for w in self.waiting)
         return (
@@ -238,23 +244,32 @@ class DecodingEngine:
             and self.steps - self.waiting[0].since < MAX_ADMISSION_DELAY
         )
 
+    def _plan(self) -> None:
+        """Group the waiting requests not planned yet for the encoder, and queue them in the
+        groups' order, narrowest first, after those planned before: a window of requests taken
+        ahead joins in width order, so the sentences in flight are of similar width and the
+        attention reads few padded positions (1000 random arrivals at capacity 64: 276k
+        sentence-positions per layer against 370k in arrival order; static batches of the sorted
+        sentences 261k). A request waits at most for the windows planned before its own."""
+        planned = [w for w in self.waiting if w.group is not None]
+        groups = _similar_widths([w for w in self.waiting if w.group is None])
+        for group in groups:
+            for item in group:
+                item.group = group
+        self.waiting = deque(planned + [item for group in groups for item in group])
+
     def _waiting_requests(self) -> Iterator[Request]:
         return (w.request for w in self.waiting)
 
     def _encode(self, admitted: list[_Waiting]) -> None:
-        """Encode the requests about to be admitted. Models that mix steps encode them in the
-        groups of similar width planned for every waiting request (rows in their order), once,
-        when the first of them is admitted, and each group when the first of it is: a window
-        of requests is grouped as a whole, but its encoding is spread over the steps (the
-        sentences in flight wait while the encoder runs). Other models encode the admitted
-        batch, as fairseq does."""
+        """Encode the requests about to be admitted. Models that mix steps encode them in their
+        planned groups (rows in their order), each group when the first of it is admitted: a
+        window of requests is grouped as a whole, but its encoding is spread over the steps
+        (the sentences in flight wait while the encoder runs). Other models encode the
+        admitted batch, as fairseq does."""
         if not self.model.mixes_steps:
             groups = [admitted]
         else:
-            if any(item.group is None for item in admitted):
-                for group in _similar_widths([w for w in self.waiting if w.group is None]):
-                    for item in group:
-                        item.group = group
             unencoded = (item.group for item in admitted if item.encoded is None)
             groups = list({id(group): group for group in unencoded}.values())
         for group in groups:
@@ -307,10 +322,11 @@ class DecodingEngine:
             prefixes.append(prefix)
         if self.model.mixes_steps:
             # Sentences with beam rows are kept in two blocks of slots, narrow ones first: the
-            # attention reads each block cut to its widest source, so the many short sentences
-            # do not read as many positions as the few longest (1000 random arrivals at
-            # capacity 64: 16 positions a sentence on average, the widest in flight 38). A
-            # sentence is wide if it is more than half as wide as the widest in flight.
+            # attention reads each block cut to its widest source, so short sentences do not
+            # read as many positions as the longest beside them: the widest of one window with
+            # the narrowest of the next, or the sentences of a server (1000 random arrivals at
+            # capacity 64: 276k sentence-positions per layer, 324k in one block). A sentence is
+            # wide if it is more than half as wide as the widest in flight.
             widest = max(s.width for s in itertools.chain(self.live, sentences))
             for sentence in sentences:
                 sentence.block = int(2 * sentence.width > widest)
@@ -715,7 +731,7 @@ def _similar_widths(waiting: list[_Waiting]) -> list[list[_Waiting]]:
     """``waiting`` in the groups that cost the encoder least, narrowest first: a group costs
     ENCODER_FORWARD_TOKENS plus its rows times its widest source. The best split of the requests
     sorted by width into runs is found over their distinct widths (dynamic programming, few
-    widths); within a group, the order of ``waiting``."""
+    widths); within a group, by width, requests of one width in the order of ``waiting``."""
     rows_at: dict[int, int] = {}
     for item in waiting:
         rows_at[item.request.width] = rows_at.get(item.request.width, 0) + len(item.request.keys)
@@ -738,7 +754,7 @@ def _similar_widths(waiting: list[_Waiting]) -> list[list[_Waiting]]:
             group_of[width] = start[j]
         j = start[j]
     groups: dict[int, list[_Waiting]] = {first: [] for first in sorted(set(group_of.values()))}
-    for item in waiting:
+    for item in sorted(waiting, key=lambda w: w.request.width):
         groups[group_of[item.request.width]].append(item)
     return list(groups.values())
 

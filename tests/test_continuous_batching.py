@@ -90,10 +90,14 @@ def alone(gen: SequenceGenerator, sentence: torch.Tensor, prefix: torch.Tensor |
     return gen.generate(None, sample, prefix_tokens=prefix_tokens)[0]
 
 
-def stream(gen, sentences, order, prefixes=None, **capacity):
+def stream(gen, sentences, order, prefixes=None, window=None, **capacity):
     """Decode ``sentences`` arriving in ``order`` on one engine; results by sentence, and the
-    engine (for its refill count, and ``block_steps``: steps that attended two width blocks)."""
+    engine (for its refill count, and ``block_steps``: steps that attended two width blocks).
+    ``window``: requests the engine takes ahead (each window joins in width order), if not its
+    default (all of these sentences)."""
     engine = DecodingEngine(gen, **capacity)
+    if window:
+        engine.encode_ahead = window
     groups = engine._attention_groups
     engine.block_steps = 0
 
@@ -122,6 +126,9 @@ ORDERS = {
     "as given": list(range(N_SENTENCES)),
     "shuffled": random.Random(3).sample(range(N_SENTENCES), N_SENTENCES),
 }
+# Requests taken ahead: in windows of 4 the arrival order decides who shares steps (and
+# sentences of very different widths do); all at once, they join narrowest first.
+WINDOWS = {"windows of 4": 4, "one window": None}
 # in flight: 3 or 5 sentences, or beam x 40 source tokens (3 to 8 of these sentences)
 CAPACITIES = [dict(max_sentences=3), dict(max_sentences=5), dict(max_tokens=40)]
 
@@ -148,18 +155,21 @@ def test_stream_equals_each_sentence_alone(vocab, models, sentences, options):
     model = models["convs2s"][0]
     gen = SequenceGenerator([model], vocab, **{"max_len_b": 20, **options})
     expected = [alone(gen, s) for s in sentences]
-    for order_name, order in ORDERS.items():
-        for capacity in CAPACITIES:
-            if "max_tokens" in capacity:
-                capacity = dict(max_tokens=capacity["max_tokens"] * gen.beam_size)
-            out, engine = stream(gen, sentences, order, **capacity)
-            assert_same(expected, out)
-            assert engine.refills > 0, (order_name, capacity)
-            assert engine.block_steps > 0, (order_name, capacity)
-            if options.get("print_alignment"):
-                assert [[h["alignment"] for h in hs] for hs in out] == [
-                    [h["alignment"] for h in hs] for hs in expected
-                ]
+    runs = [*itertools.product(ORDERS, ["windows of 4"]), ("shuffled", "one window")]
+    for (order_name, window_name), capacity in itertools.product(runs, CAPACITIES):
+        if "max_tokens" in capacity:
+            capacity = dict(max_tokens=capacity["max_tokens"] * gen.beam_size)
+        out, engine = stream(gen, sentences, ORDERS[order_name], window=WINDOWS[window_name],
+                             **capacity)
+        context = (order_name, window_name, capacity)
+        assert_same(expected, out)
+        assert engine.refills > 0, context
+        if window_name == "windows of 4":
+            assert engine.block_steps > 0, context
+        if options.get("print_alignment"):
+            assert [[h["alignment"] for h in hs] for hs in out] == [
+                [h["alignment"] for h in hs] for hs in expected
+            ]
 
 
 def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentences, prefixes):
@@ -167,7 +177,7 @@ def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentence
     gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
     expected = [alone(gen, s, p) for s, p in zip(sentences, prefixes, strict=True)]
     for order in ORDERS.values():
-        out, engine = stream(gen, sentences, order, prefixes, max_sentences=4)
+        out, engine = stream(gen, sentences, order, prefixes, window=4, max_sentences=4)
         assert_same(expected, out)
         assert engine.refills > 0
     for hypos, prefix in zip(out, prefixes, strict=True):
@@ -329,6 +339,35 @@ def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(
     assert_same([alone(gen, sentences[i]) for i in range(11)], [finished[i] for i in range(11)])
 
 
+def test_each_window_joins_in_width_order_after_the_windows_before(vocab, models):
+    """The requests taken ahead join narrowest first; a request that comes later, however
+    narrow, waits for those planned before it (a window overtakes no earlier one)."""
+    gen = SequenceGenerator([models["convs2s"][0]], vocab, beam_size=2, max_len_b=6)
+    engine = DecodingEngine(gen, max_sentences=2)
+    joined: list[int] = []
+    admit = engine._admit
+    engine._admit = lambda admitted: joined.extend(
+        w.request.keys[0] for w in admitted
+    ) or admit(admitted)
+
+    def arrive(key: int, words: int) -> None:
+        request = sentence_request(key, torch.full((words + 1,), vocab.eos()), None)
+        engine.check(request)
+        engine.enqueue(request)
+
+    with torch.inference_mode():
+        for key, words in enumerate([9, 4, 7]):
+            arrive(key, words)
+        engine.admit_waiting()
+        assert joined == [1, 2]
+        arrive(3, 3)
+        arrive(4, 1)
+        while engine.live or engine.waiting:
+            engine.step()
+            engine.admit_waiting()
+    assert joined == [1, 2, 0, 4, 3]
+
+
 def test_sentences_stay_in_width_blocks_and_few_move():
     """Sentences with beam rows are kept grouped by width block, narrow first: those in their
     block's new range keep their slot, the others (and those after the sentences that left) fill
@@ -343,7 +382,8 @@ def test_sentences_stay_in_width_blocks_and_few_move():
 def test_encoder_groups_cost_the_least(vocab):
     """Waiting sentences are encoded in the groups that cost least, a forward counting as
     ENCODER_FORWARD_TOKENS tokens more: checked against every split of the sorted widths into
-    runs. Within a group, sentences keep their order of arrival."""
+    runs. The groups come narrowest first, each by width; sentences of one width keep their order
+    of arrival."""
 
     def groups(widths: list[int]) -> list[list[int]]:  # arrival indices
         waiting = [
@@ -356,14 +396,14 @@ def test_encoder_groups_cost_the_least(vocab):
         return sum(ENCODER_FORWARD_TOKENS + len(g) * max(g) for g in groups)
 
     small = ENCODER_FORWARD_TOKENS // 2
-    assert groups([small, 3]) == [[0, 1]]  # a second forward would cost more than the padding
+    assert groups([small, 3]) == [[1, 0]]  # a second forward would cost more than the padding
     assert groups([3, ENCODER_FORWARD_TOKENS + 10]) == [[0], [1]]
     rng = random.Random(0)
     for _ in range(40):
         widths = [rng.randint(2, 40) for _ in range(rng.randint(1, 10))]
         got = groups(widths)
-        assert sorted(i for g in got for i in g) == list(range(len(widths)))
-        assert all(g == sorted(g) for g in got)
+        flat = [i for g in got for i in g]
+        assert flat == sorted(range(len(widths)), key=lambda i: (widths[i], i))
         distinct = sorted(set(widths))
         splits = (
             [distinct[a:b] for a, b in itertools.pairwise([0, *cuts, len(distinct)])]
