@@ -22,6 +22,7 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed /usr/bin/chromedriver
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench: $(BIN)/.installed

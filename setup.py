@@ -28,10 +28,16 @@ setup(
     description=__doc__,
     packages=find_packages(include=["beamplugin", "beamplugin.*"]),
     python_requires=">=3.11",
-    package_data={"beamplugin": ["server_page.html"]},
+    package_data={"beamplugin.serving": ["page.html"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", "selenium==4.51.0"]
+        "dev": [
+            "pytest==9.2.0",
+            "pytest-xdist==3.8.0",
+            "ruff==0.17.6",
+            "selenium==4.51.0",
+            "import-linter==2.17",
+        ]
     },
-    entry_points={"console_scripts": ["beamplugin-serve = beamplugin.server:cli_main"]},
+    entry_points={"console_scripts": ["beamplugin-serve = beamplugin.serving.cli:cli_main"]},
 )

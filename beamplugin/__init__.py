@@ -2,13 +2,16 @@
 
 Registers the ``beam_translation`` task and the ``convs2s`` model, makes fairseq's checkpoint
 loading safe under torch's ``weights_only`` unpickler, and exports our SequenceGenerator.
+The layers, from the bottom: runtime, modules and models, search, engine, streams, the
+fairseq plugin, serving (docs/architecture.md).
 """
 
-from beamplugin import checkpoint_safety
+from beamplugin.fairseq_plugin import checkpoint_safety
 
 checkpoint_safety.install()
 
-from beamplugin import models, tasks  # noqa: E402  (registration side effects)
-from beamplugin.sequence_generator import SequenceGenerator  # noqa: E402
+from beamplugin import models  # noqa: E402  (registers the model and its archs)
+from beamplugin.fairseq_plugin import beam_translation  # noqa: E402, F401  (registers the task)
+from beamplugin.fairseq_plugin.generator import SequenceGenerator  # noqa: E402
 
-__all__ = ["SequenceGenerator", "models", "tasks"]
+__all__ = ["SequenceGenerator", "models"]

@@ -48,13 +48,15 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
-import beamplugin.engine as engine_module
-from beamplugin.engine import DecodingEngine
-from beamplugin.ensemble import ReorderedMemory
-from beamplugin.log_prob_rules import LogProbRules
+import beamplugin.engine.engine as engine_module
+from beamplugin.engine.ensemble import ReorderedMemory
+from beamplugin.engine.finalizer import Finalizer
+from beamplugin.engine.model_runner import ModelRunner
+from beamplugin.engine.slots import Slots
+from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import AttentionMemoryPool
-from beamplugin.sequence_generator import SequenceGenerator
+from beamplugin.search.log_prob_rules import LogProbRules
 
 Batch = dict[str, Any]
 
@@ -251,12 +253,13 @@ ENCODER_MEMORIES = (AttentionMemoryPool, ReorderedMemory)
 # The parts of our generator's bookkeeping, timed on their own (advance includes the state
 # reorder, which is subtracted).
 BOOKKEEPING_PARTS = {
-    (engine_module, "beam_step"): "candidate search",
-    (DecodingEngine, "_status"): "stop check",
+    (engine_module, "step_laid_out"): "candidate search",
+    (Finalizer, "status"): "stop check",
     (LogProbRules, "apply"): "masking",
-    (DecodingEngine, "_advance"): "history advance",
-    (DecodingEngine, "_finish"): "finished hypotheses",
-    (DecodingEngine, "_retire"): "retiring",
+    (ModelRunner, "advance"): "history advance",
+    (Finalizer, "finish"): "finished hypotheses",
+    (Finalizer, "result"): "retiring",
+    (Slots, "free"): "retiring",
 }
 
 

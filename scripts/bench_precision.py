@@ -4,7 +4,8 @@ Systems, run interleaved (one pass over all batches each, in turn, ``--repeats``
 
 * ``fairseq fp32``: fairseq's fconv + fairseq's SequenceGenerator, float32 (the reference);
 * ``ours fp32``: our convs2s (the same weights) + our generator, float32;
-* ``ours bf16``: the same in bfloat16 (``--bf16``: beamplugin.precision.cast_for_decoding);
+* ``ours bf16``: the same in bfloat16 (``--bf16``:
+  beamplugin.fairseq_plugin.precision.cast_for_decoding);
 * ``ours fp16``: the same in float16, cast directly (``--fp16 --cpu`` refuses it on a CPU
   without float16 products; it is timed here to back that choice).
 
@@ -48,9 +49,9 @@ from bench_generate import (
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
+from beamplugin.fairseq_plugin.generator import SequenceGenerator
+from beamplugin.fairseq_plugin.precision import cast_for_decoding, native_on_cpu
 from beamplugin.modules import linear as linear_module
-from beamplugin.precision import cast_for_decoding, native_on_cpu
-from beamplugin.sequence_generator import SequenceGenerator
 
 
 def parse_args() -> Namespace:

@@ -44,8 +44,8 @@ import torch
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from beamplugin.stream import translate
-from beamplugin.translator import Translator
+from beamplugin.serving.translator import Translator
+from beamplugin.streams import translate
 
 BIN = Path(sys.executable).parent
 

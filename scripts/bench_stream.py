@@ -3,7 +3,7 @@
 The sentences of a test set arrive in random order (a stream cannot sort them). For each
 capacity C (sentences in flight), in interleaved rounds:
 
-* ``continuous``: our engine, new sentences joining as others finish (beamplugin.stream);
+* ``continuous``: our engine, new sentences joining as others finish (beamplugin.streams);
 * ``static``: our generator on batches of C sentences in arrival order (what decoding a stream
   batch after batch gives);
 * ``static, sorted``: the same sentences sorted by length into batches of C (what
@@ -43,7 +43,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers the task and model, safe checkpoint loading)
 from beamplugin import SequenceGenerator
-from beamplugin.stream import translate
+from beamplugin.streams import translate
 
 Hypotheses = list[dict]
 

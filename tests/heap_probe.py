@@ -10,7 +10,7 @@ from fairseq.data import Dictionary
 from test_sequence_generator import build_convs2s
 
 from beamplugin import SequenceGenerator
-from beamplugin.stream import translate
+from beamplugin.streams import translate
 
 torch.set_num_threads(1)
 vocab = Dictionary()

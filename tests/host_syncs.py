@@ -2,7 +2,8 @@
 
 The sample's tensors become :class:`DeviceTensor`, a tensor subclass that every result computed
 from them inherits, so they stand for the GPU's tensors; ``to_host`` / ``to_device`` of
-``beamplugin.host_transfer`` are replaced by versions that take the subclass off and put it on.
+``beamplugin.runtime.host_transfer`` are replaced by versions that take the subclass off and put
+it on.
 A call that would make the host wait for a GPU tensor (``.item()``, ``bool()``, ``.tolist()``,
 ``.cpu()``, ``nonzero``, a boolean-mask index) is recorded with the file and function that
 made it; each ``to_host`` call counts as one.
@@ -21,17 +22,23 @@ import pytest
 import torch
 from torch import Tensor
 
-import beamplugin.engine
-import beamplugin.ensemble
-import beamplugin.log_prob_rules
+import beamplugin.engine.ensemble
+import beamplugin.engine.finalizer
+import beamplugin.engine.scheduler
+import beamplugin.engine.slots
 import beamplugin.modules.attention
+import beamplugin.search.log_prob_rules
+import beamplugin.search.stopping
 
 # The modules that move tensors between the host and the device (with host_transfer's helpers).
 TRANSFERRING_MODULES = [
-    beamplugin.engine,
-    beamplugin.ensemble,
-    beamplugin.log_prob_rules,
+    beamplugin.engine.ensemble,
+    beamplugin.engine.finalizer,
+    beamplugin.engine.scheduler,
+    beamplugin.engine.slots,
     beamplugin.modules.attention,
+    beamplugin.search.log_prob_rules,
+    beamplugin.search.stopping,
 ]
 
 T = Tensor
@@ -107,7 +114,8 @@ def counting_syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Coun
     for module in TRANSFERRING_MODULES:
         if hasattr(module, "to_host"):
             monkeypatch.setattr(module, "to_host", to_host)
-        monkeypatch.setattr(module, "to_device", to_device)
+        if hasattr(module, "to_device"):
+            monkeypatch.setattr(module, "to_device", to_device)
     DeviceTensor.syncs = syncs
     try:
         yield syncs

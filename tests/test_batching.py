@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from fairseq.data import data_utils
 
-from beamplugin.batching import batch_by_size
+from beamplugin.fairseq_plugin.batching import batch_by_size
 
 CONFIGS = [
     dict(max_tokens=4000, max_sentences=None, required_batch_size_multiple=8),

@@ -7,7 +7,7 @@ from fairseq import checkpoint_utils
 from hostile import RunsCode
 
 import beamplugin  # noqa: F401  (installs the safe loader into fairseq)
-from beamplugin.checkpoint_safety import UnsafeCheckpointError, check_checkpoint
+from beamplugin.fairseq_plugin.checkpoint_safety import UnsafeCheckpointError, check_checkpoint
 
 
 def _fairseq_like_state() -> dict:

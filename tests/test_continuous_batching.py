@@ -24,16 +24,16 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from test_sequence_generator import assert_same
 
 from beamplugin import SequenceGenerator
-from beamplugin.engine import (
+from beamplugin.engine import DecodingEngine
+from beamplugin.engine.scheduler import (
     ENCODE_GROUP,
     ENCODER_FORWARD_TOKENS,
     MAX_ADMISSION_DELAY,
-    DecodingEngine,
-    _arrangement,
-    _similar_widths,
-    _Waiting,
+    Waiting,
+    similar_widths,
 )
-from beamplugin.stream import (
+from beamplugin.engine.slots import arrangement
+from beamplugin.streams import (
     IteratorSource,
     QueueFull,
     StreamClosed,
@@ -95,18 +95,18 @@ def stream(gen, sentences, order, prefixes=None, window=None, **capacity):
     engine (for its refill count, and ``block_steps``: steps that attended two width blocks).
     ``window``: requests the engine takes ahead (each window joins in width order), if not its
     default (all of these sentences)."""
-    engine = DecodingEngine(gen, **capacity)
+    engine = DecodingEngine.of(gen, **capacity)
     if window:
-        engine.encode_ahead = window
-    groups = engine._attention_groups
+        engine.scheduler.encode_ahead = window
+    groups = engine.slots.attention_groups
     engine.block_steps = 0
 
     def counted() -> list[tuple[int, int]]:
         out = groups()
-        engine.block_steps += len(out) - (engine.one_row > 0) > 1
+        engine.block_steps += len(out) - (engine.slots.one_row > 0) > 1
         return out
 
-    engine._attention_groups = counted
+    engine.slots.attention_groups = counted
     requests = (
         sentence_request(i, sentences[i], None if prefixes is None or not len(prefixes[i])
                          else prefixes[i])
@@ -304,7 +304,7 @@ def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(
     idle engine, or no more coming: in at once. Each still gets its n-best alone."""
     model = models["convs2s"][0]
     gen = SequenceGenerator([model], vocab, beam_size=4, min_len=12, max_len_b=30)
-    engine = DecodingEngine(gen, max_sentences=16)
+    engine = DecodingEngine.of(gen, max_sentences=16)
     forwards: list[int] = []
     encode = gen.model.encode
     gen.model.encode = lambda net_input: forwards.append(len(net_input["src_tokens"])) or encode(
@@ -343,12 +343,12 @@ def test_each_window_joins_in_width_order_after_the_windows_before(vocab, models
     """The requests taken ahead join narrowest first; a request that comes later, however
     narrow, waits for those planned before it (a window overtakes no earlier one)."""
     gen = SequenceGenerator([models["convs2s"][0]], vocab, beam_size=2, max_len_b=6)
-    engine = DecodingEngine(gen, max_sentences=2)
+    engine = DecodingEngine.of(gen, max_sentences=2)
     joined: list[int] = []
-    admit = engine._admit
-    engine._admit = lambda admitted: joined.extend(
+    allocate = engine.slots.allocate
+    engine.slots.allocate = lambda admitted: joined.extend(
         w.request.keys[0] for w in admitted
-    ) or admit(admitted)
+    ) or allocate(admitted)
 
     def arrive(key: int, words: int) -> None:
         request = sentence_request(key, torch.full((words + 1,), vocab.eos()), None)
@@ -372,11 +372,11 @@ def test_sentences_stay_in_width_blocks_and_few_move():
     """Sentences with beam rows are kept grouped by width block, narrow first: those in their
     block's new range keep their slot, the others (and those after the sentences that left) fill
     its holes in their order. One block: the last ones fill the holes of those that left."""
-    assert _arrangement([0, None, 1, 0, None, 1, 0]) == [0, 3, 6, 2, 5]
-    assert _arrangement([1, 1, 0]) == [2, 1, 0]
-    assert _arrangement([0, None, 0, 0, None, 0]) == [0, 5, 2, 3]
-    assert _arrangement([0, 0, 1, 1]) == [0, 1, 2, 3]
-    assert _arrangement([None, None]) == []
+    assert arrangement([0, None, 1, 0, None, 1, 0]) == [0, 3, 6, 2, 5]
+    assert arrangement([1, 1, 0]) == [2, 1, 0]
+    assert arrangement([0, None, 0, 0, None, 0]) == [0, 5, 2, 3]
+    assert arrangement([0, 0, 1, 1]) == [0, 1, 2, 3]
+    assert arrangement([None, None]) == []
 
 
 def test_encoder_groups_cost_the_least(vocab):
@@ -387,10 +387,10 @@ def test_encoder_groups_cost_the_least(vocab):
 
     def groups(widths: list[int]) -> list[list[int]]:  # arrival indices
         waiting = [
-            _Waiting(sentence_request(i, torch.full((w,), vocab.eos()), None), since=0)
+            Waiting(sentence_request(i, torch.full((w,), vocab.eos()), None), since=0)
             for i, w in enumerate(widths)
         ]
-        return [[w.request.keys[0] for w in group] for group in _similar_widths(waiting)]
+        return [[w.request.keys[0] for w in group] for group in similar_widths(waiting)]
 
     def cost(groups: list[list[int]]) -> int:
         return sum(ENCODER_FORWARD_TOKENS + len(g) * max(g) for g in groups)

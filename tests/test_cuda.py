@@ -17,8 +17,8 @@ from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batc
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
-from beamplugin.precision import PRECISIONS, cast_for_decoding
-from beamplugin.stream import IteratorSource, run, sentence_request
+from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
+from beamplugin.streams import IteratorSource, run, sentence_request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -111,7 +111,7 @@ def test_stream_on_cuda_equals_each_sentence_alone_on_cpu(vocab):
         for s in sentences
     ]
     model.cuda()
-    engine = DecodingEngine(gen, max_sentences=3)
+    engine = DecodingEngine.of(gen, max_sentences=3)
     requests = [sentence_request(i, s.cuda(), None) for i, s in enumerate(sentences)]
     with torch.inference_mode():
         results = {f.key: f.hypotheses for f in run(engine, IteratorSource(requests))}

@@ -12,7 +12,7 @@ from fairseq_tools import N_TEST, binarized_toy_corpus, run_tool
 from hostile import RunsCode
 
 import beamplugin  # noqa: F401  (the safe loader reads the trained checkpoint below)
-from beamplugin.precision import native_on_cpu
+from beamplugin.fairseq_plugin.precision import native_on_cpu
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq_tools import binarized_toy_corpus, run_tool
 
-from beamplugin.fconv_checkpoints import fconv_as_convs2s
+from beamplugin.fairseq_plugin.fconv_checkpoints import fconv_as_convs2s
 from beamplugin.models.convs2s import ConvS2SModel
 
 FCONV_SMALL = [
@@ -36,7 +36,10 @@ def test_converted_checkpoint_builds_convs2s_and_translates_identically(fconv_ch
     data, fconv = fconv_checkpoint
     convs2s = fconv.with_name("convs2s.pt")
     subprocess.run(
-        [sys.executable, "-m", "beamplugin.fconv_checkpoints", str(fconv), str(convs2s)],
+        [
+            sys.executable, "-m", "beamplugin.fairseq_plugin.fconv_checkpoints",
+            str(fconv), str(convs2s),
+        ],
         check=True,
     )
     models, _ = checkpoint_utils.load_model_ensemble([str(convs2s)])

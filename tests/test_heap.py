@@ -1,5 +1,5 @@
-"""The decoding process keeps freed heap memory (beamplugin.heap): a stream decoded again pays
-no page faults; with glibc's own thresholds it pays tens of thousands each time."""
+"""The decoding process keeps freed heap memory (beamplugin.runtime.heap): a stream decoded
+again pays no page faults; with glibc's own thresholds it pays tens of thousands each time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from beamplugin.heap import keep_freed_memory
+from beamplugin.runtime.heap import keep_freed_memory
 
 TESTS = Path(__file__).parent
 

@@ -12,26 +12,33 @@ from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batc
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
-from beamplugin.stream import IteratorSource, run, sentence_request
+from beamplugin.engine.finalizer import Finalizer
+from beamplugin.streams import IteratorSource, run, sentence_request
 
 # the same module-scoped fixtures as the generator's tests
 vocab = test_sequence_generator.vocab
 models = test_sequence_generator.models
 
-STEP = "to_host from engine.py:_status"
-FINISH = "to_host from engine.py:_store"
+# the search's own waits: in the engine's modules
+ENGINE_FILES = ("engine.py", "scheduler.py", "slots.py", "model_runner.py", "finalizer.py")
+STEP = "to_host from finalizer.py:status"
+FINISH = "to_host from finalizer.py:_store"
+
+
+def engine_syncs(syncs: dict[str, int]) -> dict[str, int]:
+    return {site: n for site, n in syncs.items() if site.split(":")[0].endswith(ENGINE_FILES)}
 
 
 def count_finishing_steps(monkeypatch: pytest.MonkeyPatch, steps: list[int]) -> set[int]:
     """The steps (numbered by ``steps``, count_rows' record) in which hypotheses were stored."""
     finishing: set[int] = set()
-    store = DecodingEngine._store
+    store = Finalizer._store
 
     def recording(self, *args, **kwargs):
         finishing.add(len(steps))
         return store(self, *args, **kwargs)
 
-    monkeypatch.setattr(DecodingEngine, "_store", recording)
+    monkeypatch.setattr(Finalizer, "_store", recording)
     return finishing
 
 
@@ -57,10 +64,10 @@ def test_one_sync_per_step_and_one_per_finishing_step(vocab, models, arch, optio
     with counting_syncs(monkeypatch) as syncs:
         out = gen.generate([model], as_device(sample))
     assert_same(reference, out)  # counting changed nothing
-    search = {site: n for site, n in syncs.items() if "engine.py" in site}
+    search = engine_syncs(syncs)
     # once per batch, before the loop: the output length limit of match_source_len
     per_batch = (
-        {"to_host from engine.py:_output_limit": 1} if options.get("match_source_len") else {}
+        {"to_host from scheduler.py:_output_limit": 1} if options.get("match_source_len") else {}
     )
     assert search == {STEP: len(steps), FINISH: len(finishing), **per_batch}, syncs
     assert len(finishing) < len(steps)
@@ -83,7 +90,7 @@ def test_prefix_tokens_add_one_sync_per_batch(vocab, models, monkeypatch):
         out = gen.generate([model], as_device(sample), prefix_tokens=as_device(prefix))
     assert_same(reference, out)
     assert syncs[STEP] == len(steps) and syncs[FINISH] == len(finishing)
-    assert syncs["to_host from engine.py:_admit"] == 1
+    assert syncs["to_host from slots.py:allocate"] == 1
 
 
 def test_a_real_wait_is_counted(vocab, models, monkeypatch):
@@ -121,12 +128,12 @@ def test_a_stream_syncs_once_per_step_and_per_finishing_step(vocab, models, monk
         return encode(net_input)
 
     gen.model.encode = recording
-    engine = DecodingEngine(gen, max_sentences=3)
+    engine = DecodingEngine.of(gen, max_sentences=3)
     requests = [sentence_request(i, as_device(s), None) for i, s in enumerate(sentences)]
     with counting_syncs(monkeypatch) as syncs, torch.inference_mode():
         finished = list(run(engine, IteratorSource(requests)))
     assert sorted(f.key for f in finished) == list(range(9)) and engine.refills > 0
-    search = {site: n for site, n in syncs.items() if "engine.py" in site}
+    search = engine_syncs(syncs)
     assert search == {STEP: len(steps), FINISH: len(finishing)}, syncs
     model_syncs = {site: n for site, n in syncs.items() if site not in search}
     assert model_syncs == {"convs2s.py:forward": len(forwards)}, syncs

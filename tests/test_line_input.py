@@ -1,10 +1,11 @@
-"""beamplugin.line_input: a line of text to source tokens, or a refusal saying why."""
+"""beamplugin.fairseq_plugin.line_input: a line of text to source tokens, or a refusal saying
+why."""
 
 import pytest
 import sentencepiece as spm
 import torch
 
-from beamplugin.line_input import LineEncoder, RefusedLine
+from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
 
 # What stdin read with surrogateescape hands over for the bytes "word1 \xff\xfe word2".
 UNDECODABLE = b"word1 \xff\xfe word2".decode("utf-8", errors="surrogateescape")

@@ -21,9 +21,13 @@ from test_continuous_batching import ORDERS, alone, stream
 from test_sequence_generator import BUILDERS, assert_same, make_batch
 
 from beamplugin import SequenceGenerator
+from beamplugin.fairseq_plugin.precision import (
+    cast_for_decoding,
+    native_on_cpu,
+    requested_precision,
+)
 from beamplugin.modules import linear as linear_module
 from beamplugin.modules.linear import int8_linear, pack_int8
-from beamplugin.precision import cast_for_decoding, native_on_cpu, requested_precision
 from beamplugin.search import beam_step
 
 # the generator's tests' module-scoped fixtures

@@ -381,7 +381,7 @@ def talk_to_app(translator, talk) -> list[tuple[int, dict]]:
     what ``talk(session, url)`` returns; the translator is closed afterwards."""
     from aiohttp import web
 
-    from beamplugin.server import TranslationService
+    from beamplugin.serving.app import TranslationService
 
     service = TranslationService(translator, max_request_sentences=64)
 
@@ -412,8 +412,8 @@ def test_a_failing_model_answers_500_and_health_says_failed(toy):
     """The server's app on a real socket of 127.0.0.1, with a model that raises at its
     second decoder step: the request in progress gets 500 with the error, later requests 500 at
     once (nothing hangs), and /health answers 503 "failed"."""
-    from beamplugin.server import parse_args
-    from beamplugin.translator import Translator
+    from beamplugin.serving.app import parse_args
+    from beamplugin.serving.translator import Translator
 
     args, cfg = parse_args(model_options(toy))
     translator = Translator(cfg, args.max_queued)
@@ -449,8 +449,8 @@ def test_a_killed_decoder_process_answers_500_and_health_says_failed(toy):
     beamplugin-serve does; that process is killed (as the out-of-memory killer would) while a
     request waits for its sentences: that request gets 500, later ones 500 at once, /health
     503 "failed", and closing the stream does not hang."""
-    from beamplugin.server import parse_args
-    from beamplugin.translator import Translator
+    from beamplugin.serving.app import parse_args
+    from beamplugin.serving.translator import Translator
 
     args, cfg = parse_args(model_options(toy))
     translator = Translator(cfg, args.max_queued, in_process=False)

@@ -186,7 +186,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     # Rows of sentences at different steps can share a forward: each row's position is counted
     # in its own (left-padded) token history, a new sentence's rows start from zeroed state
     # (reorder_incremental_state's fresh_rows), and the encoder memory is pooled per sentence
-    # (ConvS2SEncoder.memory_pool). See beamplugin.ensemble.
+    # (ConvS2SEncoder.memory_pool). See beamplugin.engine.ensemble.
     decodes_mixed_steps = True
 
     def __init__(

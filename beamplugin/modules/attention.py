@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.host_transfer import to_device
 from beamplugin.modules.weight_norm import WeightNormLinear
+from beamplugin.runtime.host_transfer import to_device
 
 SQRT_HALF = math.sqrt(0.5)
 
@@ -112,7 +112,7 @@ def _attend(
 
 class AttentionMemoryPool:
     """The attention memory of the sentences in flight, one slot per sentence, for a decoder
-    that mixes sentences of different steps in one forward (see beamplugin.ensemble).
+    that mixes sentences of different steps in one forward (see beamplugin.engine.ensemble).
 
     Slots are rows of preallocated tensors (as :func:`encoder_memory` lays them out), all as wide
     as the widest source in flight, shorter ones left-padded and masked (bias -inf). A new

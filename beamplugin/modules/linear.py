@@ -11,7 +11,7 @@ write of the whole weight (8 MB for the projection) on top of the product's own 
 keep a packed copy instead (:class:`InferenceCache`): 2.6x faster for 5 rows when the weight
 comes from memory rather than cache, as it does between decoder steps, and bit-identical
 results for any number of rows. A model cast to bfloat16 or float16 packs its weights in that
-precision, on CPUs that multiply it in hardware (beamplugin.precision).
+precision, on CPUs that multiply it in hardware (beamplugin.fairseq_plugin.precision).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _onednn_linear = (
 )
 _onednn_pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None) if _onednn_linear else None
 # Half-precision weights only where the CPU multiplies them in hardware: elsewhere oneDNN cannot
-# pack them (and torch's emulated products are slower than float32, see beamplugin.precision).
+# pack them (and torch's emulated products are slower than float32: docs/precision.md).
 ONEDNN_DTYPES = frozenset(
     dtype
     for dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -57,8 +57,8 @@ ONEDNN_DTYPES = frozenset(
 )
 
 
-# With int8 products on (beamplugin.precision, "int8"), weights of at least this many elements:
-# the vocabulary projection and the decoder convolutions (0.4M in iwslt's decoder); attention
+# With int8 products on (--int8), weights of at least this many elements: the vocabulary
+# projection and the decoder convolutions (0.4M in iwslt's decoder); attention
 # projections (65k there) stay float32.
 INT8_MIN_WEIGHTS = 1 << 17
 
@@ -135,7 +135,7 @@ class InferenceCache(nn.Module):
         super().__init__(*args, **kwargs)  # the module's own arguments (nn.Linear's)
         self._cache: dict[str, Tensor | None] = {}
         self._cache_key: tuple[tuple[int, int], ...] | None = None
-        self.int8_products = False  # set by beamplugin.precision.cast_for_decoding
+        self.int8_products = False  # set by beamplugin.fairseq_plugin.precision.cast_for_decoding
 
     def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
         """``make()``, computed once while the module's parameters are unchanged."""

@@ -1,4 +1,5 @@
-"""Pure tensor pieces of beam search, unit-testable without a model."""
+"""The search, as pure pieces testable without a model or an engine: the beam step, the n-best
+keeper, the exact stopping bound, fairseq's log-prob rules, and the options they all read."""
 
 from beamplugin.search.beam_step import (
     BeamStep,
@@ -6,6 +7,16 @@ from beamplugin.search.beam_step import (
     block_repeated_ngrams,
     concat_steps,
     length_normaliser,
+    step_laid_out,
 )
+from beamplugin.search.options import DecodingOptions
 
-__all__ = ["BeamStep", "beam_step", "concat_steps", "block_repeated_ngrams", "length_normaliser"]
+__all__ = [
+    "BeamStep",
+    "DecodingOptions",
+    "beam_step",
+    "block_repeated_ngrams",
+    "concat_steps",
+    "length_normaliser",
+    "step_laid_out",
+]

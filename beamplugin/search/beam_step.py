@@ -87,6 +87,23 @@ def concat_steps(first: BeamStep, second: BeamStep) -> BeamStep:
                                                       strict=True)))
 
 
+def step_laid_out(
+    lprobs: Tensor, scores: Tensor, multi: int, one_row: int, beam_size: int, eos: int
+) -> BeamStep:
+    """The beam step of sentences laid out sentence-major: first ``multi`` sentences with
+    ``beam_size`` rows each (``scores`` ``[multi, hypotheses]``: at a batch's first step one
+    hypothesis each, read from their first row), then ``one_row`` sentences with one row each
+    (their first step, score 0)."""
+    steps = []
+    if multi:
+        rows = lprobs[: multi * beam_size].view(multi, beam_size, -1)[:, : scores.size(1)]
+        steps.append(beam_step(rows, scores, beam_size, eos))
+    if one_row:
+        first = lprobs[multi * beam_size :].unsqueeze(1)
+        steps.append(beam_step(first, first.new_zeros(one_row, 1), beam_size, eos))
+    return steps[0] if len(steps) == 1 else concat_steps(*steps)
+
+
 # Below this many log-probs per step a plain torch.topk is as fast as the chunked one.
 CHUNKED_TOPK_MIN_SIZE = 1 << 15
 

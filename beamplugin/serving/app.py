@@ -1,7 +1,7 @@
 """``beamplugin-serve``: a translation server on the continuous-batching engine.
 
 Many clients, one engine: every sentence of every request goes into one TranslationStream, which
-decodes them together with beam search in a process of its own (beamplugin.decoder_process)
+decodes them together with beam search in a process of its own (beamplugin.serving.decoder_process)
 while the aiohttp event loop only parses, encodes and answers. Options are fairseq-interactive's
 (parsed by fairseq's own parser, ``--user-dir`` and ``--task beam_translation`` implied) plus the
 server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation is what
@@ -17,13 +17,11 @@ stops taking requests, answers every accepted one, then exits 0.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import json
 import logging
 import signal
-import sys
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -31,20 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from fairseq import options
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST
 
-import beamplugin
-from beamplugin.decoder_process import log_to_stderr
-from beamplugin.server_metrics import ServerMetrics
-from beamplugin.stream import QueueFull, StreamClosed, StreamFailed
-from beamplugin.translator import RefusedSentence, Translation, Translator
+from beamplugin.serving.metrics import ServerMetrics
+from beamplugin.serving.translator import RefusedSentence, Translation, Translator
+from beamplugin.streams import QueueFull, StreamClosed, StreamFailed
 
-logger = logging.getLogger("beamplugin.server")
+logger = logging.getLogger("beamplugin.serving.app")
 
-PAGE = Path(__file__).with_name("server_page.html")
+PAGE = Path(__file__).with_name("page.html")
 RETRY_AFTER_SECONDS = 1
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 
@@ -63,36 +56,6 @@ class Refused(Exception):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictConfig]:
-    """fairseq-interactive's options and the server's, as fairseq parses them."""
-    parser = options.get_interactive_generation_parser(default_task="beam_translation")
-    parser.set_defaults(user_dir=str(Path(beamplugin.__file__).parent))
-    server = parser.add_argument_group("Server")
-    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    server.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
-    server.add_argument(
-        "--max-queued", type=int, default=256,
-        help="sentences that may wait for room in the engine; beyond that requests get 503",
-    )  # fmt: skip
-    server.add_argument(
-        "--max-request-sentences", type=int,
-        help="sentences in one request (default: 64, or --max-queued if smaller)",
-    )  # fmt: skip
-    server.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413"
-    )
-    server.add_argument(
-        "--shutdown-timeout", type=float, default=600.0,
-        help="seconds a stopping server waits for accepted requests before it gives up on them",
-    )  # fmt: skip
-    args = options.parse_args_and_arch(parser, argv)
-    if args.max_request_sentences is None:
-        args.max_request_sentences = min(64, args.max_queued)
-    if not 1 <= args.max_request_sentences <= args.max_queued:
-        parser.error("--max-request-sentences must be between 1 and --max-queued")
-    return args, convert_namespace_to_omegaconf(args)
 
 
 class TranslationService:
@@ -347,33 +310,3 @@ async def serve(
         loop.remove_signal_handler(signum)
         signal.signal(signum, signal.SIG_IGN)
     await runner.cleanup()  # stops listening, then waits for the requests in progress
-
-
-def main(argv: list[str] | None = None) -> int:
-    args, cfg = parse_args(argv)
-    translator = Translator(cfg, args.max_queued, in_process=False)
-    units = ("sentences", "source tokens")
-    limits = [f"{n} {unit}" for n, unit in zip(translator.capacity, units, strict=True) if n]
-    logger.info(
-        "beam %d, at most %s in flight, %d more may wait",
-        translator.beam, " and ".join(limits), args.max_queued,
-    )  # fmt: skip
-    service = TranslationService(translator, args.max_request_sentences)
-    asyncio.run(
-        serve(service, args.host, args.port, args.max_body_bytes, args.shutdown_timeout)
-    )
-    translator.close()
-    logger.info("stopped: %d sentences translated", translator.stream.completed)
-    if translator.stream.failure is not None:  # a supervisor sees that it did not end well
-        logger.error("the decoder had failed: %r", translator.stream.failure)
-        return 1
-    return 0
-
-
-def cli_main() -> None:
-    log_to_stderr()
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    cli_main()

@@ -13,12 +13,16 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from beamplugin.batching import LosslessBatchingDataset
-from beamplugin.generation_stream import ReadAhead
-from beamplugin.interactive_input import InteractiveLines, WithoutEmptySources, read_stdin_leniently
-from beamplugin.line_input import LineEncoder, max_source_positions
-from beamplugin.precision import cast_for_decoding, requested_precision
-from beamplugin.sequence_generator import SequenceGenerator
+from beamplugin.fairseq_plugin.batching import LosslessBatchingDataset
+from beamplugin.fairseq_plugin.generation_stream import ReadAhead
+from beamplugin.fairseq_plugin.generator import SequenceGenerator
+from beamplugin.fairseq_plugin.interactive_input import (
+    InteractiveLines,
+    WithoutEmptySources,
+    read_stdin_leniently,
+)
+from beamplugin.fairseq_plugin.line_input import LineEncoder, max_source_positions
+from beamplugin.fairseq_plugin.precision import cast_for_decoding, requested_precision
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +210,8 @@ class BeamTranslationTask(TranslationTask):
         self, lines: list[str], encode_fn: Callable[[str], str]
     ) -> tuple[list[torch.Tensor], list[int]]:
         """fairseq-interactive's next buffer of lines: every line is encoded by LineEncoder or
-        refused with an ``E-<id>`` line (beamplugin/interactive_input.py), never lost."""
+        refused with an ``E-<id>`` line (beamplugin.fairseq_plugin.interactive_input), never
+        lost."""
         encoder = LineEncoder(self.source_dictionary, self._max_source_positions, encode_fn)
         return self._interactive_lines.encode_buffer(lines, encoder)
 

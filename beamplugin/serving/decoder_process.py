@@ -2,7 +2,7 @@
 share one interpreter lock: the loop parses, encodes and answers on one core while the engine
 decodes on another.
 
-The child process loads the models and runs a :class:`~beamplugin.stream.TranslationStream`;
+The child process loads the models and runs a :class:`~beamplugin.streams.TranslationStream`;
 :func:`relay` connects it to a pipe. The parent holds a :class:`DecoderProcess`, which has the
 stream's interface as the server uses it (``submit_together`` returning futures, ``queued``,
 ``in_flight``, ``completed``, ``failure``, ``close``) and counts what it has sent, so a full
@@ -11,7 +11,7 @@ queue is refused in the parent without a round trip.
 The child ignores SIGTERM and SIGINT (process managers signal the whole group): the parent
 decides when to stop, with ``close``, and the child then finishes every accepted sentence. A
 child that dies (killed, out of memory) fails every sentence it had, and later ones, with
-:class:`~beamplugin.stream.StreamFailed`; one that cannot start raises its error in the parent.
+:class:`~beamplugin.streams.StreamFailed`; one that cannot start raises its error in the parent.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import signal
 import sys
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -33,30 +32,14 @@ import torch
 from torch import Tensor
 
 from beamplugin.search.nbest import Hypothesis
-from beamplugin.stream import QueueFull, StreamClosed, StreamFailed, TranslationStream
+from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
+from beamplugin.streams import QueueFull, StreamClosed, StreamFailed, TranslationStream
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from beamplugin.sequence_generator import SequenceGenerator
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DecoderSettings:
-    """What the side that reads and writes text needs to know of the decoding side."""
-
-    beam: int
-    max_source_positions: int | None
-    symbols_to_strip: frozenset[int]
-    max_sentences: int | None  # capacity: sentences in flight
-    max_tokens: int | None  # capacity: source tokens in flight (beam x that in the engine)
-
-    def stream(self, generator: SequenceGenerator, max_queued: int) -> TranslationStream:
-        """A stream decoding with ``generator`` at this capacity."""
-        max_tokens = self.max_tokens and self.max_tokens * self.beam
-        return TranslationStream(generator, self.max_sentences, max_tokens, max_queued)
 
 
 class DecoderProcess:
@@ -198,8 +181,6 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
         signal.signal(signum, signal.SIG_IGN)
     log_to_stderr()
     from fairseq import utils
-
-    from beamplugin.translator import decoding_device, load_decoder  # (this module's importer)
 
     try:
         utils.import_user_module(cfg.common)  # models and tasks of any other --user-dir

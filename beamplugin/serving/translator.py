@@ -1,7 +1,8 @@
 """Raw text in, n-best translations out, for a long-running process (the server): the models,
 generator, tokenizer and BPE set up from fairseq-interactive's options as fairseq-interactive sets
-them up, sentences decoded on one :class:`~beamplugin.stream.TranslationStream`, in a thread of
-this process or in a process of its own (:class:`~beamplugin.decoder_process.DecoderProcess`).
+them up, sentences decoded on one :class:`~beamplugin.streams.TranslationStream`, in a thread of
+this process or in a process of its own
+(:class:`~beamplugin.serving.decoder_process.DecoderProcess`).
 
 Thread-agnostic: ``encode`` and ``submit`` may be called from any thread, the futures resolve in
 a thread of the stream, ``render`` turns their hypotheses into what fairseq-interactive prints
@@ -10,8 +11,6 @@ a thread of the stream, ``render`` turns their hypotheses into what fairseq-inte
 
 from __future__ import annotations
 
-import ast
-import copy
 import logging
 import math
 from collections.abc import Callable
@@ -20,22 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from fairseq import checkpoint_utils, tasks, utils
-from fairseq_cli.generate import get_symbols_to_strip_from_output
+from fairseq import tasks, utils
 from omegaconf import DictConfig
 
-from beamplugin.decoder_process import DecoderProcess, DecoderSettings
-from beamplugin.line_input import LineEncoder, RefusedLine, max_source_positions
+from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
 from beamplugin.search.nbest import Hypothesis
-from beamplugin.sequence_generator import SequenceGenerator
-from beamplugin.stream import TranslationStream
+from beamplugin.serving.decoder_process import DecoderProcess
+from beamplugin.serving.loading import decoding_device, load_decoder
+from beamplugin.streams import TranslationStream
 
 logger = logging.getLogger(__name__)
-
-# Sentences in flight when neither --batch-size nor --max-tokens is given (fairseq-interactive's
-# default of 1 would make a server that decodes one sentence at a time).
-DEFAULT_CAPACITY = 64
-
 
 class RefusedSentence(ValueError):
     """Sentence ``index`` of a request cannot be translated; ``reason`` says why."""
@@ -63,7 +56,8 @@ class Translator:
     """The models of ``cfg`` (fairseq-interactive's options) behind one stream with at most
     ``max_queued`` sentences waiting; each sentence is decoded as on its own. ``in_process``:
     the stream decodes in a thread of this process (``generator`` is then the models'
-    generator), else in a process of its own (beamplugin.decoder_process), which loads them."""
+    generator), else in a process of its own (beamplugin.serving.decoder_process), which loads
+    them."""
 
     def __init__(self, cfg: DictConfig, max_queued: int, in_process: bool = True) -> None:
         self.cfg = cfg
@@ -144,49 +138,6 @@ class Translator:
     def close(self) -> None:
         """Take no more sentences; return once every accepted one is decoded."""
         self.stream.close()
-
-
-def load_decoder(cfg: DictConfig, task: Any = None) -> tuple[SequenceGenerator, DecoderSettings]:
-    """The models of ``cfg`` loaded and prepared as fairseq-interactive prepares them, their
-    generator, and what the text side needs to know of them."""
-    task = task or tasks.setup_task(cfg.task)
-    overrides = ast.literal_eval(cfg.common_eval.model_overrides)
-    logger.info("loading model(s) from %s", cfg.common_eval.path)
-    models, _ = checkpoint_utils.load_model_ensemble(
-        utils.split_paths(cfg.common_eval.path),
-        arg_overrides=overrides,
-        task=task,
-        suffix=cfg.checkpoint.checkpoint_suffix,
-        strict=(cfg.checkpoint.checkpoint_shard_count == 1),
-        num_shards=cfg.checkpoint.checkpoint_shard_count,
-    )
-    device = decoding_device(cfg)
-    for model in models:  # --fp16/--bf16/--int8: the task's build_generator casts them
-        model.to(device)
-        model.prepare_for_inference_(cfg)
-    # Every hypothesis of the beam comes back, so a request can ask for up to --beam of them.
-    generation = copy.deepcopy(cfg.generation)
-    generation.nbest = generation.beam
-    generator = task.build_generator(models, generation)
-    if not isinstance(generator, SequenceGenerator):
-        raise ValueError(
-            "the server decodes with beamplugin's beam search (task beam_translation); "
-            "--sampling, diverse beam search and --constraints are not served"
-        )
-    max_tokens = cfg.dataset.max_tokens
-    settings = DecoderSettings(
-        beam=generator.beam_size,
-        max_source_positions=max_source_positions(task, models),
-        symbols_to_strip=frozenset(get_symbols_to_strip_from_output(generator)),
-        max_sentences=cfg.dataset.batch_size or (None if max_tokens else DEFAULT_CAPACITY),
-        max_tokens=max_tokens,
-    )
-    return generator, settings
-
-
-def decoding_device(cfg: DictConfig) -> torch.device:
-    """Where the models decode: CUDA unless --cpu or none is there."""
-    return torch.device("cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu")
 
 
 def _chain(steps: list[Any], method: str) -> Callable[[str], str]:

@@ -3,7 +3,7 @@
 The weights need no change (the state dicts are the same); only the architecture name the
 checkpoint records does, because fairseq builds the model from it.
 
-    python -m beamplugin.fconv_checkpoints fconv.pt convs2s.pt
+    python -m beamplugin.fairseq_plugin.fconv_checkpoints fconv.pt convs2s.pt
 """
 
 import argparse
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from beamplugin.checkpoint_safety import allow_fairseq_checkpoints, check_checkpoint
+from beamplugin.fairseq_plugin.checkpoint_safety import allow_fairseq_checkpoints, check_checkpoint
 
 FCONV_TO_CONVS2S = {
     "fconv": "convs2s",

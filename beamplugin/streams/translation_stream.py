@@ -1,124 +1,19 @@
-"""Decoding a stream of sentences on one engine: whenever sentences finish, the next ones are
-admitted into the freed capacity, mid-search (continuous batching).
-
-* :func:`run` drives an engine from a :class:`Source`; every other way in is built on it:
-  ``SequenceGenerator.generate`` (a whole batch as one request), the task's continuous
-  ``fairseq-generate`` and the functions below;
-* :func:`translate` decodes an iterable of sentences in the caller's thread and yields each
-  result as soon as it is finished (completion order) or in input order;
-* :class:`TranslationStream` takes sentences from any thread (``submit`` returns a future) and
-  decodes them in a thread of its own, with a bounded queue in front.
-"""
+"""Sentences submitted from any thread (``submit`` returns a future), decoded together on one
+engine in a thread of its own, with a bounded queue in front."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from beamplugin.engine import DecodingEngine, Finished, Request
-from beamplugin.search.nbest import Hypothesis
-
-if TYPE_CHECKING:
-    from beamplugin.sequence_generator import SequenceGenerator
-
-
-class Source(Protocol):
-    """Where :func:`run` takes requests from."""
-
-    def take(self, wait: bool) -> Request | None:
-        """The next request; None if none is there now (or, once ``exhausted``, ever).
-        ``wait``: the engine is idle, so block until one comes or the source ends."""
-
-    @property
-    def exhausted(self) -> bool: ...
-
-
-class IteratorSource:
-    """Requests from an iterator, taken as the engine has room for them."""
-
-    def __init__(self, requests: Iterable[Request]) -> None:
-        self._requests = iter(requests)
-        self.exhausted = False
-
-    def take(self, wait: bool) -> Request | None:
-        request = next(self._requests, None)
-        self.exhausted = request is None
-        return request
-
-
-def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
-    """Decode every request of ``source``; yields each sentence as soon as it is finished.
-
-    Requests are taken as the engine wants them and admitted whenever it has room for them
-    (all sentences of one request together). A request that can never be decoded (too long for
-    the model or for the capacity) comes back as Finished results with the error, and the
-    others go on.
-    """
-    while True:
-        while not source.exhausted and engine.wants_requests():
-            request = source.take(wait=engine.idle)
-            if request is None:
-                break
-            try:
-                engine.check(request)
-            except ValueError as error:
-                yield from (Finished(key, [], error) for key in request.keys)
-                continue
-            engine.enqueue(request)
-        engine.admit_waiting(more_coming=not source.exhausted)
-        if not engine.live:
-            if source.exhausted and not engine.waiting:
-                return
-            continue
-        yield from engine.step()
-
-
-def sentence_request(key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None) -> Request:
-    """A request of one sentence: ``src_tokens`` 1-D, ending in EOS, no padding; decoded as
-    fairseq-generate and fairseq-interactive decode it in a batch of its own."""
-    if src_tokens.dim() != 1 or src_tokens.numel() == 0:
-        raise ValueError(
-            f"a sentence is a non-empty 1-D token tensor, got shape {tuple(src_tokens.shape)}"
-        )
-    prefix = None if prefix_tokens is None else prefix_tokens.view(1, -1)
-    # its length as fairseq's collater gives it (EOS included) for match_source_len
-    length = torch.full((1,), len(src_tokens), device=src_tokens.device)
-    return Request([key], src_tokens.unsqueeze(0), length, prefix)
-
-
-def translate(
-    generator: SequenceGenerator,
-    sentences: Iterable[Tensor],
-    max_sentences: int | None = 64,
-    max_tokens: int | None = None,
-    ordered: bool = False,
-) -> Iterator[tuple[int, list[Hypothesis] | Exception]]:
-    """Decode ``sentences`` (1-D token tensors ending in EOS) as one stream, with at most
-    ``max_sentences`` sentences / ``max_tokens`` tokens (beam x source length) in flight.
-
-    Yields ``(index, hypotheses best first)``, or ``(index, error)`` for a sentence that cannot
-    be decoded, as soon as each is finished; ``ordered``: in input order instead.
-    """
-    engine = DecodingEngine(generator, max_sentences, max_tokens)
-    requests = (sentence_request(i, tokens, None) for i, tokens in enumerate(sentences))
-    with torch.inference_mode():
-        results = ((f.key, f.error or f.hypotheses) for f in run(engine, IteratorSource(requests)))
-        if not ordered:
-            yield from results
-            return
-        waiting: dict[int, Any] = {}
-        next_index = 0
-        for index, result in results:
-            waiting[index] = result
-            while next_index in waiting:
-                yield next_index, waiting.pop(next_index)
-                next_index += 1
+from beamplugin.engine.engine import Decoder, DecodingEngine
+from beamplugin.engine.requests import Request
+from beamplugin.streams.run import run, sentence_request
 
 
 class QueueFull(RuntimeError):
@@ -148,12 +43,12 @@ class TranslationStream:
 
     def __init__(
         self,
-        generator: SequenceGenerator,
+        generator: Decoder,
         max_sentences: int | None = 64,
         max_tokens: int | None = None,
         max_queued: int = 256,
     ) -> None:
-        self.engine = DecodingEngine(generator, max_sentences, max_tokens)
+        self.engine = DecodingEngine.of(generator, max_sentences, max_tokens)
         self._queue: queue.Queue[Any] = queue.Queue(max_queued)
         self._closed = threading.Event()
         self._lock = threading.Lock()  # orders close() after every submit() that got in

@@ -22,10 +22,10 @@ import torch
 from fairseq import utils
 
 from beamplugin.engine import DecodingEngine, Finished, Request
-from beamplugin.host_transfer import to_device
+from beamplugin.fairseq_plugin.generator import SequenceGenerator
+from beamplugin.runtime.host_transfer import to_device
 from beamplugin.search.nbest import Hypothesis
-from beamplugin.sequence_generator import SequenceGenerator
-from beamplugin.stream import IteratorSource, run, sentence_request
+from beamplugin.streams import IteratorSource, run, sentence_request
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class GenerationStream:
         self.generator = generator
         self.prefix_size = prefix_size
         max_tokens = batches.max_tokens and batches.max_tokens * generator.beam_size
-        self.engine = DecodingEngine(generator, batches.max_sentences, max_tokens)
+        self.engine = DecodingEngine.of(generator, batches.max_sentences, max_tokens)
         self.pad = generator.pad
         self.device = next(generator.model.parameters()).device
         self.results: dict[int, Finished] = {}

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from fairseq.data import BaseWrapperDataset
 
-from beamplugin.line_input import LineEncoder, RefusedLine
+from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
 
 EXIT_LINES_REFUSED = 3
 

@@ -4,7 +4,7 @@ The models compute in the chosen precision: their parameters are cast once, and 
 they derive for inference (folded weight norm, linearized convolutions, oneDNN's packed layout,
 see beamplugin.modules.linear.InferenceCache) are then made once from those, in that precision.
 The search itself stays in float32 whatever the models compute in: every step's logits are
-widened to float32 before the temperature and the log-softmax (beamplugin.ensemble), so
+widened to float32 before the temperature and the log-softmax (beamplugin.engine.ensemble), so
 cumulative scores, length normalisation and the stop tests are float32.
 
 Where a precision has no hardware support (checked per device), float16 is refused with a clear

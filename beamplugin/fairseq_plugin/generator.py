@@ -4,8 +4,8 @@ A drop-in for ``fairseq.sequence_generator.SequenceGenerator`` (same constructor
 ``generate``/``forward`` signatures, same output structure). With default options the outputs
 equal fairseq's. ``generate`` admits the whole batch into a :class:`~beamplugin.engine.
 DecodingEngine` and steps it until every sentence is finished: the same engine that decodes
-streams with continuous batching (beamplugin.stream), so static and continuous decoding cannot
-drift apart. On top of fairseq's generator:
+streams with continuous batching (beamplugin.streams), so static and continuous decoding
+cannot drift apart. On top of fairseq's generator:
 
 * finished sentences leave the batch at once (their slots go to the next sentences in a stream);
 * the per-step work is a handful of tensor ops with one host synchronisation (the "did anything
@@ -22,20 +22,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fairseq import search, utils
+from fairseq import search
 from torch import Tensor, nn
 
 from beamplugin.engine import DecodingEngine, Request
-from beamplugin.ensemble import EnsembleDecoder
+from beamplugin.engine.ensemble import EnsembleDecoder
 from beamplugin.search.nbest import Hypothesis
-from beamplugin.stream import IteratorSource, run
-
-STOPPING_RULES = ("fairseq", "exact")
-LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
-ALIGNMENT_KINDS = (None, False, "hard", "soft")
+from beamplugin.search.options import DecodingOptions, LengthConstraints
+from beamplugin.streams import IteratorSource, run
 
 
-def _length_constraints(strategy: Any) -> tuple[float, float, float, float] | None:
+def _length_constraints(strategy: Any) -> LengthConstraints | None:
     """(min_len_a, min_len_b, max_len_a, max_len_b) of a LengthConstrainedBeamSearch, else None."""
     if strategy is None or type(strategy) is search.BeamSearch:
         return None
@@ -48,20 +45,25 @@ def _length_constraints(strategy: Any) -> tuple[float, float, float, float] | No
     )
 
 
+def _suppressed(tgt_dict: Any, tokens: tuple[str, ...] | list[str]) -> tuple[int, ...]:
+    """The ids of ``tokens``; a token not in the dictionary is an error."""
+    ids = []
+    for token in tokens:
+        index = tgt_dict.index(token)
+        if index == tgt_dict.unk():
+            raise ValueError(f"tokens_to_suppress: {token!r} is not in the dictionary")
+        ids.append(index)
+    return tuple(ids)
+
+
 class SequenceGenerator(nn.Module):
     """Beam search over an ensemble of fairseq encoder-decoder models.
 
-    Arguments are fairseq's (see ``fairseq.sequence_generator.SequenceGenerator``) plus:
-
-    Args:
-        stopping: ``"fairseq"``: a sentence ends once it holds ``beam_size`` finished
-            hypotheses (or at max length). ``"exact"``: it ends only when, in addition, no alive
-            hypothesis can still beat the worst of them under the length penalty.
-        length_penalty_style: ``"fairseq"`` divides scores by ``len ** len_penalty``,
-            ``"gnmt"`` by ``((5 + len) / 6) ** len_penalty``; ``len`` counts tokens incl. EOS.
-        print_alignment: ``"hard"`` or ``"soft"`` fills each hypothesis' ``alignment`` from
-            its attention, like fairseq's ``SequenceGeneratorWithAlignment``.
-        nbest: hypotheses returned per sentence (default ``beam_size``).
+    Arguments are fairseq's (see ``fairseq.sequence_generator.SequenceGenerator``) plus
+    ``stopping``, ``length_penalty_style``, ``print_alignment`` (``"hard"`` or ``"soft"``: like
+    fairseq's ``SequenceGeneratorWithAlignment``) and ``nbest`` (hypotheses returned per
+    sentence, default ``beam_size``): see :class:`~beamplugin.search.options.DecodingOptions`,
+    which they become (``self.options``), validated once.
     """
 
     def __init__(
@@ -91,68 +93,43 @@ class SequenceGenerator(nn.Module):
         nbest: int | None = None,
     ) -> None:
         super().__init__()
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be at least 1, got {beam_size}")
         if nbest is not None and not 1 <= nbest <= beam_size:
             raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be greater than 0, got {temperature}")
-        if no_repeat_ngram_size < 0:
-            raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
-        if stopping not in STOPPING_RULES:
-            raise ValueError(f"stopping must be one of {STOPPING_RULES}, got {stopping!r}")
-        if length_penalty_style not in LENGTH_PENALTY_STYLES:
-            raise ValueError(
-                f"length_penalty_style must be one of {LENGTH_PENALTY_STYLES}, "
-                f"got {length_penalty_style!r}"
-            )
-        if print_alignment not in ALIGNMENT_KINDS:
-            raise ValueError(
-                f"print_alignment must be 'hard', 'soft' or None, got {print_alignment!r}"
-            )
         if stopping == "exact" and lm_model is not None and lm_weight < 0:
             raise ValueError("stopping='exact' needs lm_weight >= 0 (scores must not increase)")
-        self.length_constraints = _length_constraints(search_strategy)
-        if isinstance(models, EnsembleDecoder):
-            self.model = models
-        else:
-            self.model = EnsembleDecoder(list(getattr(models, "models", models)))
+        models = list(getattr(models, "models", models))
+        self.model = EnsembleDecoder(models, lm_model, lm_weight)
         self.tgt_dict = tgt_dict
-        self.pad, self.unk = tgt_dict.pad(), tgt_dict.unk()
-        self.eos = tgt_dict.eos() if eos is None else eos
-        self.symbols_to_strip_from_output = set(symbols_to_strip_from_output or ()) | {self.eos}
         self.vocab_size = len(tgt_dict)
         # pad is never selected, so a beam can hold at most vocab - 1 distinct tokens
-        self.beam_size = min(beam_size, self.vocab_size - 1)
-        self.nbest = self.beam_size if nbest is None else min(nbest, self.beam_size)
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.min_len = min_len
-        self.max_len = max_len or self.model.max_decoder_positions()
-        if max_len_a == 0 and min_len > min(max_len_b, self.max_len - 1):
-            raise ValueError(
-                f"min_len={min_len} is larger than the maximum output length "
-                f"{min(max_len_b, self.max_len - 1)} (max_len_b={max_len_b}, max_len={max_len})"
-            )
-        self.normalize_scores = normalize_scores
-        self.len_penalty = len_penalty
-        self.unk_penalty = unk_penalty
-        self.temperature = temperature
-        self.match_source_len = match_source_len
-        self.no_repeat_ngram_size = no_repeat_ngram_size
-        self.stopping = stopping
-        self.length_penalty_style = length_penalty_style
-        self.print_alignment = print_alignment or None
-        self.lm_model, self.lm_weight = lm_model, lm_weight
-        suppress = []
-        for token in tokens_to_suppress:
-            index = tgt_dict.index(token)
-            if index == self.unk:
-                raise ValueError(f"tokens_to_suppress: {token!r} is not in the dictionary")
-            suppress.append(index)
-        self.suppressed = suppress
+        beam = min(beam_size, self.vocab_size - 1) if beam_size >= 1 else beam_size
+        self.options = DecodingOptions(
+            eos=tgt_dict.eos() if eos is None else eos,
+            pad=tgt_dict.pad(),
+            unk=tgt_dict.unk(),
+            max_len=max_len or self.model.max_decoder_positions(),
+            beam_size=beam,
+            nbest=beam if nbest is None else min(nbest, beam),
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            min_len=min_len,
+            normalize_scores=normalize_scores,
+            len_penalty=len_penalty,
+            length_penalty_style=length_penalty_style,
+            unk_penalty=unk_penalty,
+            temperature=temperature,
+            match_source_len=match_source_len,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            suppressed=_suppressed(tgt_dict, tokens_to_suppress),
+            length_constraints=_length_constraints(search_strategy),
+            stopping=stopping,
+            print_alignment=print_alignment or None,
+        )
+        # fairseq's generator attributes, read by fairseq-generate and -interactive
+        self.beam_size = self.options.beam_size
+        self.pad, self.unk, self.eos = self.options.pad, self.options.unk, self.options.eos
+        self.symbols_to_strip_from_output = set(symbols_to_strip_from_output or ()) | {self.eos}
         self.model.eval()
-        if lm_model is not None:
-            lm_model.eval()
 
     @torch.no_grad()
     def forward(
@@ -189,7 +166,7 @@ class SequenceGenerator(nn.Module):
             list(range(src_tokens.size(0))), src_tokens, net_input.get("src_lengths"), prefix_tokens
         )
         results: list[list[Hypothesis]] = [[] for _ in batch.keys]
-        engine = DecodingEngine(self, bos_token=bos_token)
+        engine = DecodingEngine(self.model, self.options, bos_token=bos_token)
         # Inference mode skips autograd's version counting and views on every op: on the CPU
         # the search's many small ops and the model's take ~20% less time than under no_grad.
         with torch.inference_mode():
@@ -198,21 +175,3 @@ class SequenceGenerator(nn.Module):
                     raise finished.error
                 results[finished.key] = finished.hypotheses
         return results
-
-    def add_alignments(self, hypotheses: list[Hypothesis], src_tokens: Tensor) -> None:
-        """Fill each hypothesis' ``alignment`` from its attention over ``src_tokens``."""
-        extract = (
-            utils.extract_hard_alignment
-            if self.print_alignment == "hard"
-            else utils.extract_soft_alignment
-        )
-        src_tokens = src_tokens.cpu()
-        for hypo in hypotheses:
-            if hypo["attention"].numel() == 0:
-                raise ValueError(
-                    "print_alignment needs a model that returns attention (for fconv, "
-                    "prepare it with make_generation_fast_(need_attn=True))"
-                )
-            hypo["alignment"] = extract(
-                hypo["attention"].t(), src_tokens, hypo["tokens"], self.pad, self.eos
-            )

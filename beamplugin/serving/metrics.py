@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from typing import Protocol
 
-from beamplugin.decoder_process import DecoderProcess
-from beamplugin.stream import TranslationStream
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Request latency buckets (seconds): from a short sentence alone to a full queue on a CPU.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60)
+
+
+class Decoding(Protocol):
+    """What the metrics read of the decoding side (a TranslationStream or a DecoderProcess)."""
+
+    @property
+    def queued(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
 
 
 class ServerMetrics:
     """Queue depth and sentences in flight are read from the stream when scraped; the rest is
     counted by the server as it answers."""
 
-    def __init__(self, stream: TranslationStream | DecoderProcess) -> None:
+    def __init__(self, stream: Decoding) -> None:
         self.registry = CollectorRegistry()
         Gauge(
             "beamplugin_queue_depth",

@@ -1,16 +1,17 @@
 """The models a search decodes with, as one: encoder outputs kept per sentence, decoder steps,
-incremental states, and log-probabilities averaged over the ensemble.
+incremental states, log-probabilities averaged over the ensemble (and a language model's added,
+for shallow fusion).
 
 Sentences in flight are laid out sentence-major, beam decoder rows each, except sentences at
 their first step: one row each (they come last) where every model reads the encoder output per
 sentence. Two kinds of models:
 
-* models that **mix steps** (beamplugin's convs2s: ``decoder.decodes_mixed_steps``): sentences
-  at different steps share one forward. The decoder takes each row's position from its own
-  left-padded token history, a new sentence's rows start from a zeroed state
-  (``reorder_incremental_state(..., fresh_rows=k)``), and the encoder memory lives in a
-  fixed-capacity pool (``encoder.memory_pool()``) in which sentences keep their slot until they
-  leave, so admitting or retiring a sentence copies only its own rows;
+* models that **mix steps** (beamplugin's convs2s; the interface: :class:`MixedStepEncoder`
+  and :class:`MixedStepDecoder`): sentences at different steps share one forward. The decoder
+  takes each row's position from its own left-padded token history, a new sentence's rows
+  start from a zeroed state (``reorder_incremental_state(..., fresh_rows=k)``), and the encoder
+  memory lives in a pool (``encoder.memory_pool()``) in which sentences keep their slot until
+  they leave, so admitting or retiring a sentence copies only its own rows;
 * all others (fairseq's fconv, transformer): one batch at a time, its encoder output reordered
   with the model's own ``reorder_encoder_out`` as sentences leave.
 """
@@ -24,7 +25,7 @@ import torch
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
-from beamplugin.host_transfer import to_device
+from beamplugin.runtime.host_transfer import to_device
 
 
 class EncoderMemory(Protocol):
@@ -41,6 +42,27 @@ class EncoderMemory(Protocol):
         """The encoder output the decoder reads this step: the slots from the first on, in
         groups of (sentences, decoder rows each); only models that mix steps are given groups
         that differ in rows."""
+
+
+class MixedStepEncoder(Protocol):
+    """The encoder of a model that mixes steps: its output goes into a pool of slots."""
+
+    def memory_pool(self) -> EncoderMemory:
+        """An empty pool for the encoder outputs of the sentences in flight."""
+
+
+class MixedStepDecoder(Protocol):
+    """The decoder of a model that mixes steps (``decodes_mixed_steps = True``): its forward
+    takes rows at different steps (positions from each row's left-padded history, the encoder
+    output as ``EncoderMemory.view`` gives it), and its incremental state follows the rows."""
+
+    decodes_mixed_steps: bool
+    reads_encoder_out_per_sentence: bool  # one encoder row per sentence, whatever its rows
+
+    def reorder_incremental_state(
+        self, incremental_state: dict, new_order: Tensor, fresh_rows: int = 0
+    ) -> None:
+        """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh."""
 
 
 class ReorderedMemory:
@@ -93,11 +115,15 @@ def _device_of(encoder_out: Any) -> torch.device:
 
 
 class EnsembleDecoder(nn.Module):
-    """Runs one or several encoder-decoder models as one; probabilities are averaged."""
+    """Runs one or several encoder-decoder models as one; probabilities are averaged. With
+    ``lm_model``, its log-probs times ``lm_weight`` are added (fairseq's shallow fusion)."""
 
-    def __init__(self, models: list[nn.Module]) -> None:
+    def __init__(
+        self, models: list[nn.Module], lm_model: nn.Module | None = None, lm_weight: float = 1.0
+    ) -> None:
         super().__init__()
         self.models = nn.ModuleList(models)
+        self.lm_model, self.lm_weight = lm_model, lm_weight
         for model in models:
             if getattr(model, "encoder", None) is None or getattr(model, "decoder", None) is None:
                 raise ValueError(
@@ -177,10 +203,15 @@ class EnsembleDecoder(nn.Module):
             if attn is not None:
                 attns.append(attn.float())
         if len(lprobs) == 1:
-            return lprobs[0], attns[0] if attns else None
-        # log of the mean probability, as fairseq's EnsembleModel
-        mean_lprobs = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
-        mean_attn = torch.stack(attns).sum(0).div_(len(attns)) if attns else None
+            mean_lprobs, mean_attn = lprobs[0], attns[0] if attns else None
+        else:
+            # log of the mean probability, as fairseq's EnsembleModel
+            mean_lprobs = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+            mean_attn = torch.stack(attns).sum(0).div_(len(attns)) if attns else None
+        if self.lm_model is not None:
+            lm_out = self.lm_model(tokens)
+            lm_lprobs = self.lm_model.get_normalized_probs(lm_out, log_probs=True, sample=None)
+            mean_lprobs = mean_lprobs + lm_lprobs[:, -1, :] * self.lm_weight
         return mean_lprobs, mean_attn
 
 
@@ -188,7 +219,7 @@ def search_log_probs(model: nn.Module, logits: Tensor, extra: Any, temperature: 
     """The log-probs ``[rows, vocab]`` of the next token that the search reads: float32 whatever
     precision the model computes in, its last step's logits widened before the temperature and
     the model's log-softmax, so the search's scores, length normalisation and stop tests are
-    float32 (see beamplugin.precision)."""
+    float32 (see beamplugin.fairseq_plugin.precision)."""
     logits = logits[:, -1:, :].float()
     if temperature != 1.0:
         logits = logits / temperature

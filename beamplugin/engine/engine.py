@@ -1,0 +1,167 @@
+"""The decoding engine: beam search over the sentences in flight, one decoder forward per step
+for all of them, new sentences joining while others are mid-search (continuous batching).
+
+A step reads as its parts: the scheduler admits waiting requests into free slots (between
+steps, :meth:`DecodingEngine.admit_waiting`), the model runner moves the decoder rows and runs
+the decoder, the log-prob rules mask its output, the beam step picks candidates, the finalizer
+keeps the hypotheses that end and says who is done, and the done sentences free their slots.
+
+Sentences at different steps share a forward only when every model mixes steps (see
+beamplugin.engine.ensemble); otherwise new sentences are admitted when the engine is empty,
+which is fairseq's batch-at-a-time decoding. A sentence's own state is all it depends on: its
+results are those it gets when decoded alone, whoever shares its steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from typing import Protocol
+
+from torch import Tensor
+
+from beamplugin.engine.ensemble import EnsembleDecoder
+from beamplugin.engine.finalizer import Finalizer
+from beamplugin.engine.model_runner import ModelRunner, Pending
+from beamplugin.engine.requests import Finished, Request
+from beamplugin.engine.scheduler import Scheduler, Waiting
+from beamplugin.engine.slots import Sentence, Slots
+from beamplugin.runtime.heap import keep_freed_memory
+from beamplugin.search.beam_step import BeamStep, step_laid_out
+from beamplugin.search.log_prob_rules import LogProbRules
+from beamplugin.search.options import DecodingOptions
+
+logger = logging.getLogger(__name__)
+
+
+class Decoder(Protocol):
+    """What an engine decodes with (beamplugin's SequenceGenerator is one)."""
+
+    model: EnsembleDecoder
+    options: DecodingOptions
+
+
+class DecodingEngine:
+    """Beam search with ``options`` over ``model``, bounded by ``max_sentences`` sentences and
+    ``max_tokens`` (each sentence counts beam x its source width) in flight; ``None``:
+    unbounded. Hypotheses start with ``bos_token`` (default: EOS, as in fairseq)."""
+
+    def __init__(
+        self,
+        model: EnsembleDecoder,
+        options: DecodingOptions,
+        max_sentences: int | None = None,
+        max_tokens: int | None = None,
+        bos_token: int | None = None,
+    ) -> None:
+        keep_freed_memory()  # steps allocate the same sizes again and again
+        self.options = options
+        self.scheduler = Scheduler(model, options, max_sentences, max_tokens)
+        self.slots = Slots(model, options)
+        bos = options.eos if bos_token is None else bos_token
+        self.runner = ModelRunner(model, options, bos)
+        self.rules = LogProbRules(options)
+        self.finalizer = Finalizer(options)
+        self._pending: Pending | None = None  # last step's result, applied by the next
+        self.refills = 0  # sentences admitted while others were mid-search
+        self.steps = 0  # decoder steps taken
+        if not model.mixes_steps and (max_sentences or max_tokens):
+            logger.info(
+                "these models cannot decode sentences at different steps in one forward: new "
+                "sentences are admitted when the batch is empty (no continuous batching)"
+            )
+
+    @classmethod
+    def of(cls, decoder: Decoder, max_sentences: int | None = None,
+           max_tokens: int | None = None, bos_token: int | None = None) -> DecodingEngine:
+        """An engine decoding with ``decoder``'s model and options."""
+        return cls(decoder.model, decoder.options, max_sentences, max_tokens, bos_token)
+
+    @property
+    def live(self) -> list[Sentence]:
+        """The sentences in flight, in their slots."""
+        return self.slots.live
+
+    @property
+    def waiting(self) -> deque[Waiting]:
+        """Checked requests not in flight yet."""
+        return self.scheduler.waiting
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing waiting."""
+        return not self.live and not self.waiting
+
+    # ---- admission (between steps) ---------------------------------------------------------
+
+    def check(self, request: Request) -> None:
+        """Raise ValueError if ``request`` can never be decoded here; else set its max_len."""
+        self.scheduler.check(request)
+
+    def wants_requests(self) -> bool:
+        return self.scheduler.wants_requests(len(self.live))
+
+    def enqueue(self, request: Request) -> None:
+        """Let ``request`` (checked) wait for room."""
+        self.scheduler.enqueue(request, self.steps)
+
+    def admit_waiting(self, more_coming: bool = False) -> None:
+        """Put the waiting requests that fit in flight, encoded first. ``more_coming``: more
+        requests may arrive soon, so a few may wait a little to be encoded together."""
+        admission = self.scheduler.schedule(
+            len(self.live), self.slots.tokens_in_flight, self.steps, more_coming
+        )
+        if admission is None:
+            return
+        self.runner.encode(admission.to_encode)
+        mid_search = bool(self.live) and self._pending is not None
+        sentences = self.slots.allocate(admission.admitted)
+        if mid_search:
+            self.refills += len(sentences)
+
+    # ---- a step ------------------------------------------------------------------------------
+
+    def step(self) -> list[Finished]:
+        """One decoder forward and search step for every sentence in flight; returns the
+        sentences that finished in it."""
+        if not self.live:
+            return []
+        self.steps += 1
+        self.runner.advance(self.slots, self._pending)
+        lprobs, attn = self.runner.forward(self.slots)
+        lprobs, copies = self.rules.apply(lprobs, self.slots.view(self.runner.tokens))
+        if copies is not None:
+            self.runner.copy_rows(copies)
+        res, status, bound = self._search(lprobs)
+        done: list[bool] | None = None
+        if status.any() or any(s.step >= s.max_len for s in self.live):
+            slots = res.finalize.size(1)  # beam, or fewer with a tiny vocabulary
+            if status[:, slots].any():
+                # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
+                lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+                res, status, bound = self._search(lprobs)
+            done = self.finalizer.finish(
+                res, status[:, :slots], bound, lprobs, attn, self.slots, self.runner
+            )
+        finished = [
+            self.finalizer.result(s) for s, d in zip(self.live, done or (), strict=False) if d
+        ]
+        order = self.slots.free(done)
+        self._pending = Pending(res, attn, order) if self.live else None
+        return finished
+
+    def _search(self, lprobs: Tensor) -> tuple[BeamStep, Tensor, Tensor | None]:
+        """The beam step of every live sentence and its status on the host (the step's one
+        synchronisation): see Finalizer.status."""
+        slots = self.slots
+        res = step_laid_out(
+            lprobs,
+            self.runner.scores,
+            len(slots.live) - slots.one_row,
+            slots.one_row,
+            self.options.beam_size,
+            self.options.eos,
+        )
+        status, bound = self.finalizer.status(res, slots)
+        return res, status, bound

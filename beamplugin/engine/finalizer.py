@@ -1,0 +1,179 @@
+"""After the search step: which hypotheses end, into each sentence's n-best, which sentences
+are done, and their results.
+
+:meth:`Finalizer.status` is the one host synchronisation of a step; only on a step where some
+hypothesis ends (or a sentence reaches its maximum length) does :meth:`Finalizer.finish` run,
+with one more (the hypotheses' tensors fetched at once).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from fairseq import utils
+from torch import Tensor
+
+from beamplugin.engine.model_runner import ModelRunner
+from beamplugin.engine.requests import Finished
+from beamplugin.engine.slots import Sentence, Slots
+from beamplugin.runtime.host_transfer import to_device, to_host
+from beamplugin.search.beam_step import BeamStep, length_normaliser
+from beamplugin.search.nbest import Hypothesis
+from beamplugin.search.options import DecodingOptions
+from beamplugin.search.stopping import best_possible
+
+
+class Finalizer:
+    def __init__(self, options: DecodingOptions) -> None:
+        self.options = options
+        self.beam = options.beam_size
+
+    def status(self, res: BeamStep, slots: Slots) -> tuple[Tensor, Tensor | None]:
+        """On the host, per live sentence, which of the top beam candidates end in EOS, whether
+        the best candidate is NaN (a NaN log-prob would rank first: topk puts NaN on top) and,
+        for exact stopping, whether no live hypothesis can beat the worst finished one; with
+        exact stopping also that bound."""
+        columns = [res.finalize, res.cand_scores[:, :1].isnan()]
+        if self.options.stopping != "exact":
+            return to_host(torch.cat(columns, 1))[0], None
+        live = slots.live
+        bound = best_possible(
+            res.alive_scores[:, 0], [s.step for s in live], [s.max_len for s in live], self.options
+        )
+        columns.append(bound.le(slots.per_sentence["worst"]).unsqueeze(1))
+        status, bound = to_host(torch.cat(columns, 1), bound)
+        return status, bound
+
+    def finish(
+        self,
+        res: BeamStep,
+        finalize: Tensor,
+        bound: Tensor | None,
+        lprobs: Tensor,
+        attn: Tensor | None,
+        slots: Slots,
+        runner: ModelRunner,
+    ) -> list[bool]:
+        """Store the hypotheses that end now (``finalize``: the host copy of res.finalize) and
+        return, per live sentence, whether it is done."""
+        beam, live = self.beam, slots.live
+        sents, slots_ = finalize.nonzero(as_tuple=True)
+        if len(sents):
+            sents_dev, cands = to_device(
+                torch.stack([sents, sents * res.cand_beams.size(1) + slots_]), slots.device
+            )
+            rows = slots.first_rows().index_select(0, sents_dev)
+            rows = rows + res.cand_beams.view(-1).index_select(0, cands)
+            eos_scores = res.cand_scores.view(-1).index_select(0, cands)
+            self._store(sents.tolist(), sents_dev, rows, eos_scores, attn, slots, runner)
+        counts = [len(s.nbest) for s in live]
+        at_max = [s.step >= s.max_len for s in live]
+        if self.options.stopping == "fairseq":
+            done = [m or c >= beam for m, c in zip(at_max, counts, strict=True)]
+        else:
+            worst = torch.tensor([s.nbest.worst_score() for s in live])
+            slots.per_sentence["worst"] = to_device(worst.to(bound.dtype), slots.device)
+            done = [m or b for m, b in zip(at_max, bound.le(worst).tolist(), strict=True)]
+        empty = [i for i, d in enumerate(done) if d and counts[i] == 0]
+        if empty:
+            # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
+            # (beam of them, as in fairseq, even at the first step where all are the same).
+            sents = torch.tensor(empty).repeat_interleave(beam)
+            hypos = torch.arange(beam).repeat(len(empty))
+            # a sentence at its first step has one row, one hypothesis, score 0
+            own = hypos.masked_fill(sents >= len(live) - slots.one_row, 0)
+            sents_dev, own_dev = to_device(torch.stack([sents, own]), slots.device)
+            rows = slots.first_rows().index_select(0, sents_dev) + own_dev
+            scores = F.pad(runner.scores, (0, 0, 0, slots.one_row))
+            eos_lprobs = lprobs[rows, self.options.eos]
+            cumulative = scores[sents_dev, own_dev % scores.size(1)] + eos_lprobs
+            self._store(sents.tolist(), sents_dev, rows, cumulative, attn, slots, runner)
+        return done
+
+    def _store(
+        self,
+        sents: list[int],
+        sents_dev: Tensor,
+        rows: Tensor,
+        eos_cumulative: Tensor,
+        attn: Tensor | None,
+        slots: Slots,
+        runner: ModelRunner,
+    ) -> None:
+        """Give the n-best keepers of sentences ``sents`` (``sents_dev`` the same on the device)
+        the hypotheses of rows ``rows`` followed by EOS."""
+        options, live = self.options, slots.live
+        lengths = [live[s].step + 1 for s in sents]  # tokens, EOS included
+        tokens, cumulative = runner.history(rows)
+        eos = torch.full_like(rows, options.eos).unsqueeze(1)
+        tokens = torch.cat([tokens, eos], 1)
+        cumulative = torch.cat([cumulative, eos_cumulative[:, None]], 1)
+        # A row's own columns are its last `length`; the one before them is the score 0 its
+        # sentence joined with (or F.pad's 0), so differences are its positional scores.
+        positional = cumulative - F.pad(cumulative[:, :-1], (1, 0))
+        scores = eos_cumulative
+        if options.normalize_scores:
+            divisors = [
+                length_normaliser(n, options.len_penalty, options.length_penalty_style)
+                for n in lengths
+            ]
+            if len(set(lengths)) == 1:  # one length (always, batch after batch): a number
+                scores = scores / divisors[0]
+            else:
+                scores = scores / to_device(divisors, slots.device, scores.dtype)
+        if options.match_source_len:
+            src_lengths = slots.per_sentence["src_lengths"].index_select(0, sents_dev)
+            too_long = to_device(lengths, slots.device) > src_lengths + 1
+            scores = scores.masked_fill(too_long, -math.inf)
+        fetched = [tokens, positional, scores]
+        if attn is not None:
+            fetched.append(runner.attention_history(rows, attn).transpose(1, 2))
+        # Returned tensors must be ordinary ones: callers change them in place
+        # (fairseq-generate divides the positional scores by log 2).
+        with torch.inference_mode(False):
+            fetched = [t.clone().unbind() for t in to_host(*fetched)]  # one view per row
+        for sent, length, tokens, positional, score, *attention in zip(
+            sents, lengths, *fetched, strict=True
+        ):
+            own = slice(-length, None)  # the columns of longer rows come first
+            source = slice(-live[sent].width, None)
+            live[sent].nbest.add(
+                {
+                    "tokens": tokens[own],
+                    "score": score,
+                    "attention": attention[0][source, own] if attention else torch.empty(0),
+                    "alignment": torch.empty(0),
+                    "positional_scores": positional[own],
+                }
+            )
+
+    def result(self, sentence: Sentence) -> Finished:
+        """A done sentence's hypotheses, best first."""
+        hypotheses = sentence.nbest.best_first(self.options.nbest)
+        if self.options.print_alignment:
+            add_alignments(hypotheses, sentence.src_tokens, self.options)
+        return Finished(sentence.key, hypotheses)
+
+
+def add_alignments(
+    hypotheses: list[Hypothesis], src_tokens: Tensor, options: DecodingOptions
+) -> None:
+    """Fill each hypothesis' ``alignment`` from its attention over ``src_tokens``, as fairseq's
+    ``SequenceGeneratorWithAlignment`` does (hard or soft)."""
+    extract = (
+        utils.extract_hard_alignment
+        if options.print_alignment == "hard"
+        else utils.extract_soft_alignment
+    )
+    src_tokens = src_tokens.cpu()
+    for hypo in hypotheses:
+        if hypo["attention"].numel() == 0:
+            raise ValueError(
+                "print_alignment needs a model that returns attention (for fconv, "
+                "prepare it with make_generation_fast_(need_attn=True))"
+            )
+        hypo["alignment"] = extract(
+            hypo["attention"].t(), src_tokens, hypo["tokens"], options.pad, options.eos
+        )

@@ -1,0 +1,1 @@
+"""Below everything: moving tensors between the host and the device, and the process heap."""

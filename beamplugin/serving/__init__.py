@@ -1,0 +1,2 @@
+"""beamplugin-serve: loading, the decoder process, the translator, the HTTP app, its metrics and
+command line."""

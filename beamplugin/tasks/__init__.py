@@ -1,1 +1,0 @@
-from beamplugin.tasks import beam_translation  # noqa: F401  (registers the task)
