@@ -1,6 +1,8 @@
 """Shared pytest fixtures (keep each small and clearly named)."""
 
 import pytest
+import torch
+from builders import BUILDERS, STREAM_SENTENCES, VOCAB_WORDS, word_dictionary
 from fairseq.data import Dictionary
 
 
@@ -11,3 +13,38 @@ def toy_dictionary() -> Dictionary:
     for index in range(26):
         dictionary.add_symbol(f"word{index}")
     return dictionary
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: extra threads only add synchronisation (and contention on a shared machine).
+    A module takes it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Dictionary:
+    """The random models' vocabulary: VOCAB_WORDS words."""
+    return word_dictionary(VOCAB_WORDS)
+
+
+@pytest.fixture(scope="module")
+def models(vocab: Dictionary) -> dict[str, list[torch.nn.Module]]:
+    """Two sharpened random models (seeds 1 and 2) of each architecture of BUILDERS."""
+    return {name: [build(vocab, 1), build(vocab, 2)] for name, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="module")
+def sentences(vocab: Dictionary) -> list[torch.Tensor]:
+    """Sources of 1 to 15 words, each ending in EOS: they finish at very different steps, so
+    slots of a stream really refill."""
+    g = torch.Generator().manual_seed(11)
+    lengths = [1, 15, 3, 9, 2, 12, 6, 1, 14, 4, 8, 2, 11, 5][:STREAM_SENTENCES]
+    return [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for n in lengths
+    ]

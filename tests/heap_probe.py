@@ -6,8 +6,8 @@ import random
 import resource
 
 import torch
+from builders import build_convs2s
 from fairseq.data import Dictionary
-from test_sequence_generator import build_convs2s
 
 from beamplugin import SequenceGenerator
 from beamplugin.streams import translate

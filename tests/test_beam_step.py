@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-from fairseq import search
-from fairseq.data import Dictionary
+from builders import fairseq_reference
 
 from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
 from beamplugin.search.beam_step import CHUNKED_TOPK_MIN_SIZE, chunk_size, top_candidates
@@ -102,31 +101,6 @@ def test_sentences_are_independent():
             assert as_lists(both)[name][i : i + 1] == value, name
 
 
-def _dictionary(words: int) -> Dictionary:
-    d = Dictionary()
-    for i in range(words):
-        d.add_symbol(f"w{i}")
-    d.finalize(padding_factor=1)
-    return d
-
-
-def _fairseq_reference(lprobs: torch.Tensor, scores: torch.Tensor, beam: int, step: int):
-    """fairseq's BeamSearch.step plus its choice of the next beam (first beam non-EOS)."""
-    bsz, in_beam, vocab = lprobs.shape
-    d = _dictionary(vocab - 4)
-    history = scores.new_zeros(bsz, beam, step)
-    full = lprobs.new_full((bsz, beam, vocab), -INF)
-    full[:, :in_beam] = lprobs
-    if step > 0:
-        history[:, :, step - 1] = scores
-    cand_scores, cand_tokens, cand_beams = search.BeamSearch(d).step(step, full, history)
-    eos = cand_tokens.eq(EOS) & cand_scores.ne(-INF)
-    cands = cand_scores.size(1)
-    rank = eos.long() * cands + torch.arange(cands)
-    active = torch.topk(rank, k=beam, dim=1, largest=False).indices
-    return cand_scores, cand_tokens, cand_beams, eos[:, :beam], active
-
-
 @pytest.mark.parametrize("beam", [1, 2, 3, 5])
 @pytest.mark.parametrize("step", [0, 4])
 def test_ties_and_random_tables_match_fairseq(beam, step):
@@ -141,7 +115,7 @@ def test_ties_and_random_tables_match_fairseq(beam, step):
         if step == 0:
             scores.zero_()
         ours = beam_step(lprobs, scores, beam_size=beam, eos=EOS)
-        cand_scores, cand_tokens, cand_beams, finalize, active = _fairseq_reference(
+        cand_scores, cand_tokens, cand_beams, finalize, active = fairseq_reference(
             lprobs, scores, beam, step
         )
         assert ours.cand_scores.tolist() == cand_scores.tolist()

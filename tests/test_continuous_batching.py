@@ -16,12 +16,11 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-import test_sequence_generator
 import torch
+from builders import ORDERS, VOCAB_WORDS, alone, assert_same, build_convs2s, one_sentence, stream
 from fairseq import search
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from test_sequence_generator import assert_same
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
@@ -34,34 +33,16 @@ from beamplugin.engine.scheduler import (
 )
 from beamplugin.engine.slots import arrangement
 from beamplugin.streams import (
-    IteratorSource,
     QueueFull,
     StreamClosed,
     StreamFailed,
     TranslationStream,
-    run,
     sentence_request,
     translate,
 )
 
-# the same module-scoped fixtures as the generator's tests
-vocab = test_sequence_generator.vocab
-models = test_sequence_generator.models
-one_thread = test_sequence_generator.one_thread
-
-N_SENTENCES = 14
-
-
-@pytest.fixture(scope="module")
-def sentences(vocab) -> list[torch.Tensor]:
-    """Sources of 1 to 15 words, each ending in EOS."""
-    g = torch.Generator().manual_seed(11)
-    lengths = [1, 15, 3, 9, 2, 12, 6, 1, 14, 4, 8, 2, 11, 5][:N_SENTENCES]
-    return [
-        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
-                   torch.tensor([vocab.eos()])])
-        for n in lengths
-    ]
+# vocab, models, one_thread and sentences: conftest.py's module-scoped fixtures
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -79,53 +60,6 @@ def prefixes(vocab, sentences) -> list[torch.Tensor]:
     return out
 
 
-def one_sentence(sentence: torch.Tensor) -> dict:
-    lengths = torch.tensor([len(sentence)])
-    return {"net_input": {"src_tokens": sentence[None], "src_lengths": lengths}}
-
-
-def alone(gen: SequenceGenerator, sentence: torch.Tensor, prefix: torch.Tensor | None = None):
-    sample = one_sentence(sentence)
-    prefix_tokens = None if prefix is None or not len(prefix) else prefix[None]
-    return gen.generate(None, sample, prefix_tokens=prefix_tokens)[0]
-
-
-def stream(gen, sentences, order, prefixes=None, window=None, **capacity):
-    """Decode ``sentences`` arriving in ``order`` on one engine; results by sentence, and the
-    engine (for its refill count, and ``block_steps``: steps that attended two width blocks).
-    ``window``: requests the engine takes ahead (each window joins in width order), if not its
-    default (all of these sentences)."""
-    engine = DecodingEngine.of(gen, **capacity)
-    if window:
-        engine.scheduler.encode_ahead = window
-    groups = engine.slots.attention_groups
-    engine.block_steps = 0
-
-    def counted() -> list[tuple[int, int]]:
-        out = groups()
-        engine.block_steps += len(out) - (engine.slots.one_row > 0) > 1
-        return out
-
-    engine.slots.attention_groups = counted
-    requests = (
-        sentence_request(i, sentences[i], None if prefixes is None or not len(prefixes[i])
-                         else prefixes[i])
-        for i in order
-    )
-    results: dict[int, list] = {}
-    with torch.inference_mode():
-        for finished in run(engine, IteratorSource(requests)):
-            assert finished.error is None, finished.error
-            assert finished.key not in results, "a sentence came back twice"
-            results[finished.key] = finished.hypotheses
-    assert sorted(results) == sorted(order), "a sentence was lost"
-    return [results[i] for i in range(len(sentences))], engine
-
-
-ORDERS = {
-    "as given": list(range(N_SENTENCES)),
-    "shuffled": random.Random(3).sample(range(N_SENTENCES), N_SENTENCES),
-}
 # Requests taken ahead: in windows of 4 the arrival order decides who shares steps (and
 # sentences of very different widths do); all at once, they join narrowest first.
 WINDOWS = {"windows of 4": 4, "one window": None}
@@ -422,7 +356,7 @@ def test_a_vocabulary_under_two_beams_when_sentences_join(sentences):
     for i in range(5):
         tiny.add_symbol(f"w{i}")
     tiny.finalize(padding_factor=1)  # 9 symbols: one row has 8 candidates, beam 5 asks 10
-    model = test_sequence_generator.build_convs2s(tiny, 3)
+    model = build_convs2s(tiny, 3)
     words = [s.remainder(5) + tiny.nspecial for s in sentences]
     words = [torch.cat([w[:-1], torch.tensor([tiny.eos()])]) for w in words]
     gen = SequenceGenerator([model], tiny, beam_size=5, max_len_b=12)
@@ -437,7 +371,7 @@ def test_sentences_that_die_at_their_first_step_come_back_with_beam_hypotheses(
     """Every word and unk forbidden and EOS masked until min_len: all hypotheses die at the
     first step, when each sentence has one row, and exact stopping ends them there; each still
     gets beam hypotheses (its one row with EOS), as when decoded alone."""
-    words = ["<s>"] + [f"w{i}" for i in range(test_sequence_generator.VOCAB_WORDS)]
+    words = ["<s>"] + [f"w{i}" for i in range(VOCAB_WORDS)]
     gen = SequenceGenerator(
         [models["convs2s"][0]], vocab, beam_size=3, max_len_b=4, min_len=4,
         unk_penalty=math.inf, tokens_to_suppress=words, stopping="exact",

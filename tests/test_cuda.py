@@ -7,13 +7,12 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import test_sequence_generator
 import torch
+from builders import BUILDERS, assert_same, count_rows, make_batch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from test_precision import MIN_SAME_SHARE, N_SENTENCES, SCORE_TOLERANCE
-from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
+from precision_bounds import MIN_SAME_SHARE, N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
@@ -21,9 +20,6 @@ from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.streams import IteratorSource, run, sentence_request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-vocab = test_sequence_generator.vocab  # the same module-scoped fixture
 
 
 def on_cuda(sample: dict) -> dict:

@@ -4,20 +4,15 @@ host_syncs.py): once per step, once more on a step where hypotheses finish, and 
 from __future__ import annotations
 
 import pytest
-import test_sequence_generator
 import torch
+from builders import BUILDERS, assert_same, count_rows, make_batch
 from fairseq import utils
 from host_syncs import as_device, counting_syncs
-from test_sequence_generator import BUILDERS, assert_same, count_rows, make_batch
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
 from beamplugin.engine.finalizer import Finalizer
 from beamplugin.streams import IteratorSource, run, sentence_request
-
-# the same module-scoped fixtures as the generator's tests
-vocab = test_sequence_generator.vocab
-models = test_sequence_generator.models
 
 # the search's own waits: in the engine's modules
 ENGINE_FILES = ("engine.py", "scheduler.py", "slots.py", "model_runner.py", "finalizer.py")

@@ -12,13 +12,10 @@ from __future__ import annotations
 import copy
 
 import pytest
-import test_continuous_batching
-import test_sequence_generator
 import torch
 import torch.nn.functional as F
-from test_beam_step import _fairseq_reference
-from test_continuous_batching import ORDERS, alone, stream
-from test_sequence_generator import BUILDERS, assert_same, make_batch
+from builders import BUILDERS, ORDERS, alone, assert_same, fairseq_reference, make_batch, stream
+from precision_bounds import MIN_SAME_SHARE, N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import (
@@ -30,17 +27,8 @@ from beamplugin.modules import linear as linear_module
 from beamplugin.modules.linear import int8_linear, pack_int8
 from beamplugin.search import beam_step
 
-# the generator's tests' module-scoped fixtures
-vocab = test_sequence_generator.vocab
-one_thread = test_sequence_generator.one_thread
-sentences = test_continuous_batching.sentences
-
-N_SENTENCES = 64
-# Measured on these models, beam 5, 64 sentences: the top hypothesis equals float32's for
-# convs2s on 59 (92%), for fairseq's transformer on 55 (86%); their length-normalised scores
-# differ by at most 0.0093 and 0.033. The bounds leave room for other CPUs' kernels.
-MIN_SAME_SHARE = 0.8
-SCORE_TOLERANCE = 0.05
+# vocab, one_thread and sentences: conftest.py's module-scoped fixtures
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def in_bf16(model: torch.nn.Module) -> torch.nn.Module:
@@ -98,7 +86,7 @@ def test_search_reads_float32_log_probs_and_picks_as_fairseq(vocab, convs2s):
         table[:, :, vocab.pad()] = -torch.inf  # as the generator's rules mask it
         scores = torch.zeros(5, in_beam) if step == 0 else -torch.rand(5, in_beam, generator=g)
         ours = beam_step(table, scores, beam_size=beam, eos=vocab.eos())
-        cand_scores, cand_tokens, cand_beams, finalize, active = _fairseq_reference(
+        cand_scores, cand_tokens, cand_beams, finalize, active = fairseq_reference(
             table, scores, beam, step
         )
         assert ours.cand_scores.dtype == torch.float32

@@ -6,125 +6,23 @@ finish at different steps and the batch really shrinks during the search.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from builders import BUILDERS, VOCAB_WORDS, assert_same, build_fconv, count_rows, make_batch
 from fairseq import search
 from fairseq.data import Dictionary
-from fairseq.models.fconv import FConvModel
-from fairseq.models.fconv import base_architecture as fconv_architecture
-from fairseq.models.transformer import TransformerModel
-from fairseq.models.transformer import base_architecture as transformer_architecture
 from fairseq.sequence_generator import EnsembleModel, SequenceGeneratorWithAlignment
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
-from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import AttentionMemoryPool
 from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, uses_onednn
 
-VOCAB_WORDS = 24
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models: extra threads only add synchronisation (and contention on a shared machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def vocab() -> Dictionary:
-    d = Dictionary()
-    for i in range(VOCAB_WORDS):
-        d.add_symbol(f"w{i}")
-    d.finalize(padding_factor=1)
-    return d
-
-
-class _Task:
-    def __init__(self, d: Dictionary) -> None:
-        self.source_dictionary = self.target_dictionary = d
-
-
-def small_conv_args() -> argparse.Namespace:
-    return argparse.Namespace(
-        encoder_embed_dim=16,
-        encoder_layers="[(16, 3)] * 2",
-        decoder_embed_dim=16,
-        decoder_layers="[(16, 3)] * 2",
-        decoder_out_embed_dim=16,
-        dropout=0.0,
-        max_source_positions=1024,
-        max_target_positions=1024,
-    )
-
-
-def build_fconv(d: Dictionary, seed: int) -> FConvModel:
-    torch.manual_seed(seed)
-    args = small_conv_args()
-    fconv_architecture(args)
-    model = FConvModel.build_model(args, _Task(d)).eval()
-    with torch.no_grad():
-        model.decoder.fc3.weight_g.mul_(10)  # fc3 is weight-normed: scale its gain
-        model.decoder.fc3.bias[d.eos()] += 1.5
-    return model
-
-
-def build_convs2s(d: Dictionary, seed: int) -> ConvS2SModel:
-    """Our convs2s with an fconv's weights. It reads the encoder output once per sentence, so
-    our generator never copies it per beam (fairseq's generator still copies it)."""
-    model = ConvS2SModel.build_model(small_conv_args(), _Task(d))
-    model.load_state_dict(build_fconv(d, seed).state_dict(), strict=True)
-    return model.eval()
-
-
-def build_transformer(d: Dictionary, seed: int) -> TransformerModel:
-    torch.manual_seed(seed)
-    args = argparse.Namespace(
-        encoder_embed_dim=16,
-        encoder_ffn_embed_dim=32,
-        encoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_embed_dim=16,
-        decoder_ffn_embed_dim=32,
-        decoder_layers=2,
-        decoder_attention_heads=2,
-        dropout=0.0,
-        max_source_positions=1024,
-        max_target_positions=1024,
-    )
-    transformer_architecture(args)
-    model = TransformerModel.build_model(args, _Task(d)).eval()
-    with torch.no_grad():
-        model.decoder.output_projection.weight.mul_(3)
-        model.decoder.output_projection.weight[d.eos()] *= 3
-    return model
-
-
-BUILDERS = {"fconv": build_fconv, "convs2s": build_convs2s, "transformer": build_transformer}
-
-
-@pytest.fixture(scope="module")
-def models(vocab: Dictionary) -> dict[str, list[torch.nn.Module]]:
-    return {name: [build(vocab, 1), build(vocab, 2)] for name, build in BUILDERS.items()}
-
-
-def make_batch(d: Dictionary, bsz: int, seed: int, lengths: tuple[int, int] = (3, 12)) -> dict:
-    """Left-padded sources ending in EOS, as fairseq's translation task collates them."""
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(lengths[0], lengths[1], (bsz,), generator=g)
-    width = int(lens.max()) + 1
-    src = torch.full((bsz, width), d.pad(), dtype=torch.long)
-    for i, n in enumerate(lens.tolist()):
-        words = torch.randint(d.nspecial, len(d), (n,), generator=g)
-        src[i, width - n - 1 :] = torch.cat([words, torch.tensor([d.eos()])])
-    return {"id": torch.arange(bsz), "net_input": {"src_tokens": src, "src_lengths": lens + 1}}
+# the models are builders.py's; the fixtures vocab, models and one_thread conftest.py's
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sub_batch(sample: dict, rows: list[int]) -> dict:
@@ -136,37 +34,6 @@ def sub_batch(sample: dict, rows: list[int]) -> dict:
         "id": sample["id"][rows],
         "net_input": {"src_tokens": src[:, src.size(1) - width :], "src_lengths": lengths},
     }
-
-
-def count_rows(gen: SequenceGenerator) -> list[int]:
-    """Record the number of decoder rows at every step of ``gen``'s searches."""
-    rows: list[int] = []
-    decode_step = gen.model.decode_step
-
-    def recording(tokens, *args, **kwargs):
-        rows.append(tokens.size(0))
-        return decode_step(tokens, *args, **kwargs)
-
-    gen.model.decode_step = recording
-    return rows
-
-
-def assert_same(ref: list, out: list, check_attention: bool = True) -> None:
-    assert len(ref) == len(out)
-    for sent, (ref_hypos, our_hypos) in enumerate(zip(ref, out, strict=True)):
-        assert len(ref_hypos) == len(our_hypos), f"sentence {sent}"
-        for rank, (r, o) in enumerate(zip(ref_hypos, our_hypos, strict=True)):
-            where = f"sentence {sent} hypothesis {rank}"
-            assert o["tokens"].tolist() == r["tokens"].tolist(), where
-            assert float(o["score"]) == pytest.approx(float(r["score"]), abs=1e-4), where
-            torch.testing.assert_close(
-                o["positional_scores"], r["positional_scores"].cpu(), atol=1e-4, rtol=0
-            )
-            if check_attention:
-                assert o["attention"].shape == r["attention"].shape, where
-                torch.testing.assert_close(
-                    o["attention"], r["attention"].cpu(), atol=1e-5, rtol=0
-                )
 
 
 PARITY_CASES = [

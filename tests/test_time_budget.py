@@ -5,7 +5,7 @@ demo (make test runs test files on two workers)."""
 import re
 import subprocess
 
-from test_pipeline import ROOT, env_for, toy_corpus
+from pipeline_tools import ROOT, env_for, toy_corpus
 
 
 def test_a_time_budget_stops_training_in_time_and_the_report_says_how_far_it_got(tmp_path):
