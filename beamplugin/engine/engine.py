@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -66,6 +67,8 @@ class DecodingEngine:
         self._pending: Pending | None = None  # last step's result, applied by the next
         self.refills = 0  # sentences admitted while others were mid-search
         self.steps = 0  # decoder steps taken
+        self.cancelled = 0  # sentences cancelled, waiting or in flight
+        self._cancelling = False  # some sentence in flight is to leave at the next step
         if not model.mixes_steps and (max_sentences or max_tokens):
             logger.info(
                 "these models cannot decode sentences at different steps in one forward: new "
@@ -120,6 +123,16 @@ class DecodingEngine:
         if mid_search:
             self.refills += len(sentences)
 
+    def cancel(self, keys: Iterable[Any]) -> None:
+        """Drop the sentences of ``keys`` (from the engine's thread, between steps): those
+        waiting at once, those in flight at the end of the next step, their slots freed with
+        the finished ones'; none of them comes back as a result."""
+        keys = set(keys)
+        self.cancelled += self.scheduler.cancel(keys)
+        for sentence in self.live:
+            if sentence.key in keys and not sentence.cancelled:
+                sentence.cancelled = self._cancelling = True
+
     # ---- a step ------------------------------------------------------------------------------
 
     def step(self) -> list[Finished]:
@@ -144,12 +157,23 @@ class DecodingEngine:
             done = self.finalizer.finish(
                 res, status[:, :slots], bound, lprobs, attn, self.slots, self.runner
             )
+        if self._cancelling:
+            done = self._with_cancelled(done)
         finished = [
-            self.finalizer.result(s) for s, d in zip(self.live, done or (), strict=False) if d
+            self.finalizer.result(s)
+            for s, d in zip(self.live, done or (), strict=False)
+            if d and not s.cancelled
         ]
         order = self.slots.free(done)
         self._pending = Pending(res, attn, order) if self.live else None
         return finished
+
+    def _with_cancelled(self, done: list[bool] | None) -> list[bool]:
+        """``done`` with the cancelled sentences done too (they leave now)."""
+        self._cancelling = False
+        cancelled = [s.cancelled for s in self.live]
+        self.cancelled += sum(cancelled)
+        return [c or bool(d) for c, d in zip(cancelled, done or cancelled, strict=True)]
 
     def _search(self, lprobs: Tensor) -> tuple[BeamStep, Tensor, Tensor | None]:
         """The beam step of every live sentence and its status on the host (the step's one

@@ -122,6 +122,14 @@ class Scheduler:
         """Let ``request`` (checked) wait for room; ``step``: the engine's step count."""
         self.waiting.append(Waiting(request, step))
 
+    def cancel(self, keys: set) -> int:
+        """Drop the waiting requests whose sentences are all in ``keys``; how many sentences
+        that drops."""
+        dropped = [w for w in self.waiting if all(key in keys for key in w.request.keys)]
+        if dropped:
+            self.waiting = deque(w for w in self.waiting if w not in dropped)
+        return sum(len(w.request.keys) for w in dropped)
+
     def wants_requests(self, in_flight: int) -> bool:
         """Whether to take another request: until ``encode_ahead`` wait, for models that mix
         steps; otherwise while all that wait fit into the next batch."""

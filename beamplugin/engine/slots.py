@@ -43,6 +43,7 @@ class Sentence:
     nbest: NBest
     step: int = 0  # output tokens it has
     block: int = 0  # its width block among the sentences with beam rows
+    cancelled: bool = False  # leaves at the end of the next step, with no result
 
 
 class Slots:
