@@ -55,7 +55,7 @@ from beamplugin.engine.model_runner import ModelRunner
 from beamplugin.engine.slots import Slots
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.models.convs2s import ConvS2SModel
-from beamplugin.modules import AttentionMemoryPool
+from beamplugin.modules import MemoryPool
 from beamplugin.search.log_prob_rules import LogProbRules
 
 Batch = dict[str, Any]
@@ -247,7 +247,7 @@ def instrument(generator: Any, timers: Timers) -> list[Callable[[], None]]:
 
 
 # Where our generator keeps the encoder output: moved when sentences leave.
-ENCODER_MEMORIES = (AttentionMemoryPool, ReorderedMemory)
+ENCODER_MEMORIES = (MemoryPool, ReorderedMemory)
 
 
 # The parts of our generator's bookkeeping, timed on their own (advance includes the state

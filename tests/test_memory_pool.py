@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from beamplugin.modules import AttentionMemoryPool
+from beamplugin.modules import MemoryPool, attention_memory_pool
 
 
 def memory(values: list[list[float]], padded: list[int] | None = None) -> dict:
@@ -23,7 +23,7 @@ def memory(values: list[list[float]], padded: list[int] | None = None) -> dict:
     return {"attention_memory": out}
 
 
-def slots(pool: AttentionMemoryPool, n: int) -> list[tuple[list[float], list[bool], float]]:
+def slots(pool: MemoryPool, n: int) -> list[tuple[list[float], list[bool], float]]:
     """Per slot: its values (first channel), masked positions and scale, as the decoder sees them
     when it reads the first ``n`` slots as one group."""
     [(view, rows)] = pool.view([(n, 1)])["attention_groups"]
@@ -45,7 +45,7 @@ def seen(view: dict) -> list[tuple[list[float], list[bool], float]]:
 
 
 def test_slots_are_written_moved_widened_and_narrowed():
-    pool = AttentionMemoryPool()
+    pool = attention_memory_pool()
     pool.write(0, memory([[1, 2], [3, 4]]), slice(0, 2), 2)  # a new batch is taken as it is
     assert slots(pool, 2) == [([1, 2], [False, False], 1.0), ([3, 4], [False, False], 2.0)]
     # wider: everything left-padded
@@ -79,7 +79,7 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width():
     rows, cut to their own width, and never changes the encoder output the others wait in."""
     encoded = memory([[0, 0, 1], [0, 2, 3], [4, 5, 6]], padded=[2, 1, 0])
     before = {k: v.clone() for k, v in encoded["attention_memory"].items()}
-    pool = AttentionMemoryPool()
+    pool = attention_memory_pool()
     pool.write(0, encoded, slice(0, 2), 2)
     assert pool.width == 2
     assert slots(pool, 2) == [([0, 1], [True, False], 1.0), ([2, 3], [False, False], 2.0)]
@@ -92,7 +92,7 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width():
 
 
 def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source():
-    pool = AttentionMemoryPool()
+    pool = attention_memory_pool()
     pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
     pool.write(1, memory([[3, 4, 5, 6]]), slice(0, 1), 4)
     pool.write(2, memory([[8]]), slice(0, 1), 1)

@@ -18,7 +18,7 @@ from fairseq.sequence_generator import EnsembleModel, SequenceGeneratorWithAlign
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
-from beamplugin.modules import AttentionMemoryPool
+from beamplugin.modules import MemoryPool
 from beamplugin.modules.linear import ONEDNN_MIN_WEIGHTS, uses_onednn
 
 # the models are builders.py's; the fixtures vocab, models and one_thread conftest.py's
@@ -164,13 +164,13 @@ def test_convs2s_encoder_memory_moves_only_for_leaving_sentences(vocab, models, 
     per beam nor reordered whole; a leaving sentence's slot takes one of the last sentences."""
     model = models["convs2s"][0]
     moves: list[tuple[int, int]] = []  # (sentences kept, slots that changed)
-    rearrange = AttentionMemoryPool.rearrange
+    rearrange = MemoryPool.rearrange
 
     def recording(pool, order):
         moves.append((len(order), sum(slot != old for slot, old in enumerate(order))))
         return rearrange(pool, order)
 
-    monkeypatch.setattr(AttentionMemoryPool, "rearrange", recording)
+    monkeypatch.setattr(MemoryPool, "rearrange", recording)
     monkeypatch.setattr(model.encoder, "reorder_encoder_out", None)  # never called
     gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
     gen.generate([model], make_batch(vocab, 8, seed=3))

@@ -28,13 +28,14 @@ from fairseq.modules import FairseqDropout, GradMultiply
 from torch import Tensor, nn
 
 from beamplugin.modules import (
-    AttentionMemoryPool,
     CausalConvolution,
     ConvAttention,
     LearnedPositions,
     Linear,
+    MemoryPool,
     TBCConvolution,
     WeightNormLinear,
+    attention_memory_pool,
     encoder_memory,
     parse_attention_spec,
     parse_layer_spec,
@@ -164,9 +165,9 @@ class ConvS2SEncoder(FairseqEncoder):
     def max_positions(self) -> int:
         return self.embed_positions.max_positions
 
-    def memory_pool(self) -> AttentionMemoryPool:
+    def memory_pool(self) -> MemoryPool:
         """Where a search keeps the encoder output of sentences at different steps."""
-        return AttentionMemoryPool()
+        return attention_memory_pool()
 
 
 class ConvS2SDecoder(FairseqIncrementalDecoder):

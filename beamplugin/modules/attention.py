@@ -8,12 +8,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled
 from beamplugin.modules.weight_norm import WeightNormLinear
-from beamplugin.runtime.host_transfer import to_device
 
 SQRT_HALF = math.sqrt(0.5)
 
 EncoderMemory = dict[str, Tensor | None]
+
+# How a memory pool keeps what encoder_memory prepares (bias left out: no padding)
+ATTENTION_MEMORY_LAYOUT: Layout = {
+    "keys": Pooled(width_dim=2, padding=0.0),
+    "values": Pooled(width_dim=1, padding=0.0),
+    "bias": Pooled(width_dim=2, padding=-math.inf, optional_rank=3),
+    "scale": Pooled(width_dim=None, padding=0.0),
+}
+
+
+def attention_memory_pool() -> MemoryPool:
+    """An empty pool for the attention memory of the sentences in flight."""
+    return MemoryPool(ATTENTION_MEMORY_LAYOUT)
 
 
 def encoder_memory(encoder_out: dict) -> EncoderMemory:
@@ -108,117 +121,3 @@ def _attend(
         scores = torch.baddbmm(memory["bias"], query, memory["keys"])
     attn = F.softmax(scores, dim=-1)
     return torch.mul(torch.bmm(attn, memory["values"]), memory["scale"], out=out), attn
-
-
-class AttentionMemoryPool:
-    """The attention memory of the sentences in flight, one slot per sentence, for a decoder
-    that mixes sentences of different steps in one forward (see beamplugin.engine.ensemble).
-
-    Slots are rows of preallocated tensors (as :func:`encoder_memory` lays them out), all as wide
-    as the widest source in flight, shorter ones left-padded and masked (bias -inf). A new
-    sentence is written into its slot, a leaving one is replaced by moving a later sentence into
-    its slot: no step copies the whole pool. The pool widens when a longer source arrives and
-    narrows once the sources in flight need less than half its width. The decoder reads it in
-    groups of consecutive slots, each cut to the widest source among them: the attention
-    products grow with the positions they read.
-    """
-
-    def __init__(self) -> None:
-        self.memory: EncoderMemory = {}
-        self.widths: list[int] = []  # per live slot: its source width (own padding included)
-        # views made since the slots last changed, by groups: most steps at a small capacity
-        # neither admit nor retire a sentence
-        self._views: dict[tuple[tuple[int, int], ...], dict] = {}
-
-    @property
-    def width(self) -> int:
-        return self.memory["values"].size(1) if self.memory else 0
-
-    def write(self, first_slot: int, encoder_out: dict, rows: slice, width: int) -> None:
-        """Put rows ``rows`` of ``encoder_out`` (sources of at most ``width`` positions, the
-        last ones: sources are left-padded) at slots ``first_slot`` on."""
-        self._views.clear()
-        source = encoder_out["attention_memory"]
-        new = _narrowed(source, rows, width)
-        count = new["values"].size(0)
-        if first_slot == 0:  # a new batch: its memory becomes the pool
-            if new["values"].shape != source["values"].shape:
-                # part of an encoder output that other sentences still wait to use: a copy
-                new = {k: None if t is None else t.clone() for k, t in new.items()}
-            self.memory, self.widths = new, [width] * count
-            return
-        self.widths = self.widths[:first_slot] + [width] * count
-        width = max(self.widths)
-        capacity = self.memory["keys"].size(0)
-        if capacity < first_slot + count:
-            capacity = 2 * (first_slot + count)  # room to grow without reallocating each time
-        if (
-            self.memory["bias"] is None
-            or self.width != width
-            or capacity != self.memory["keys"].size(0)
-        ):
-            self._reallocate(first_slot, capacity, width)
-        slots = slice(first_slot, first_slot + count)
-        pad = width - new["values"].size(1)
-        self.memory["keys"][slots, :, :pad] = 0
-        self.memory["keys"][slots, :, pad:] = new["keys"]
-        self.memory["values"][slots, :pad] = 0
-        self.memory["values"][slots, pad:] = new["values"]
-        self.memory["bias"][slots, :, :pad] = -math.inf
-        self.memory["bias"][slots, :, pad:] = 0 if new["bias"] is None else new["bias"]
-        self.memory["scale"][slots] = new["scale"]
-
-    def _reallocate(self, live: int, capacity: int, width: int) -> None:
-        """New tensors of ``capacity`` slots and ``width``; the first ``live`` slots kept."""
-        old, kept = self.memory, min(width, self.width)
-        keys, values = old["keys"], old["values"]
-        self.memory = {
-            "keys": keys.new_zeros(capacity, keys.size(1), width),
-            "values": values.new_zeros(capacity, width, values.size(2)),
-            "bias": values.new_full((capacity, 1, width), -math.inf),
-            "scale": old["scale"].new_zeros(capacity, 1, 1),
-        }
-        self.memory["keys"][:live, :, -kept:] = keys[:live, :, -kept:]
-        self.memory["values"][:live, -kept:] = values[:live, -kept:]
-        if old["bias"] is None:
-            self.memory["bias"][:live, :, -kept:] = 0
-        else:
-            self.memory["bias"][:live, :, -kept:] = old["bias"][:live, :, -kept:]
-        self.memory["scale"][:live] = old["scale"][:live]
-
-    def rearrange(self, order: list[int]) -> None:
-        self._views.clear()
-        moved = [(slot, old) for slot, old in enumerate(order) if slot != old]
-        self.widths = [self.widths[old] for old in order]
-        if moved:
-            slots, olds = to_device(list(zip(*moved, strict=True)), self.memory["keys"].device)
-            for tensor in self.memory.values():
-                if tensor is not None:
-                    tensor.index_copy_(0, slots, tensor.index_select(0, olds))
-        if self.widths and 2 * max(self.widths) < self.width:
-            self._reallocate(len(order), self.memory["keys"].size(0), max(self.widths))
-
-    def view(self, groups: list[tuple[int, int]]) -> dict:
-        """The encoder output that the decoder reads: for each group of slots, from the first
-        on, (sentences, decoder rows each), their memory cut to the widest of them."""
-        key = tuple(groups)
-        if key not in self._views:
-            attention_groups, slot = [], 0
-            for sentences, rows_each in groups:
-                slots = slice(slot, slot + sentences)
-                memory = _narrowed(self.memory, slots, max(self.widths[slots]))
-                attention_groups.append((memory, sentences * rows_each))
-                slot += sentences
-            self._views[key] = {"attention_groups": attention_groups}
-        return self._views[key]
-
-
-def _narrowed(memory: EncoderMemory, rows: slice, width: int) -> EncoderMemory:
-    """Rows ``rows`` of an attention memory, cut to its last ``width`` source positions."""
-    keys, values, bias = memory["keys"], memory["values"], memory["bias"]
-    return {
-        "keys": keys[rows, :, keys.size(2) - width :],
-        "values": values[rows, values.size(1) - width :],
-        "bias": None if bias is None else bias[rows, :, bias.size(2) - width :],
-        "scale": memory["scale"][rows],
-    }

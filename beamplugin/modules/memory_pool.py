@@ -1,0 +1,171 @@
+"""The encoder memory of the sentences in flight, one slot per sentence, for a decoder that mixes
+sentences of different steps in one forward (see beamplugin.engine.ensemble).
+
+A memory is a dict of tensors whose first dimension is the sentence, as an encoder prepares it
+for its decoder's attention (keys, values, a padding bias, ...); a :class:`Layout` says, per
+tensor, which dimension holds the source positions and what padding holds there. Slots are rows
+of preallocated tensors, all as wide as the widest source in flight, shorter ones left-padded.
+A new sentence is written into its slot, a leaving one is replaced by moving a later sentence
+into its slot: no step copies the whole pool. The pool widens when a longer source arrives and
+narrows once the sources in flight need less than half its width. The decoder reads it in
+groups of consecutive slots, each cut to the widest source among them: the attention products
+grow with the positions they read.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from torch import Tensor
+
+from beamplugin.runtime.host_transfer import to_device
+
+Memory = dict[str, Tensor | None]
+
+
+class Pooled(NamedTuple):
+    """How a pool keeps one tensor of a memory (dimension 0: the sentence)."""
+
+    width_dim: int | None  # the source positions (left-padded), None if it has none
+    padding: float  # what padding positions hold
+    # a tensor an encoder may leave out (None: no padding anywhere), made of ones then zeros
+    # as (sentences, 1, ..., width) of this many dimensions; 0: always given
+    optional_rank: int = 0
+
+
+Layout = dict[str, Pooled]
+
+
+class MemoryPool:
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.memory: Memory = {}
+        self.widths: list[int] = []  # per live slot: its source width (own padding included)
+        # views made since the slots last changed, by groups: most steps at a small capacity
+        # neither admit nor retire a sentence
+        self._views: dict[tuple[tuple[int, int], ...], dict] = {}
+
+    @property
+    def width(self) -> int:
+        """The source positions of every slot (0 while empty)."""
+        if not self.memory:
+            return 0
+        name, tensor = self._reference()
+        return tensor.size(self.layout[name].width_dim)
+
+    def _reference(self) -> tuple[str, Tensor]:
+        """A tensor of the memory that has source positions."""
+        return next(
+            (name, t) for name, t in self.memory.items()
+            if t is not None and self.layout[name].width_dim is not None
+        )  # fmt: skip
+
+    def write(self, first_slot: int, encoder_out: dict, rows: slice, width: int) -> None:
+        """Put rows ``rows`` of ``encoder_out`` (sources of at most ``width`` positions, the
+        last ones: sources are left-padded) at slots ``first_slot`` on."""
+        self._views.clear()
+        source = encoder_out["attention_memory"]
+        new = narrowed(source, self.layout, rows, width)
+        count = next(t for t in new.values() if t is not None).size(0)
+        if first_slot == 0:  # a new batch: its memory becomes the pool
+            if any(t is not None and t.shape != source[name].shape for name, t in new.items()):
+                # part of an encoder output that other sentences still wait to use: a copy
+                new = {k: None if t is None else t.clone() for k, t in new.items()}
+            self.memory, self.widths = new, [width] * count
+            return
+        self.widths = self.widths[:first_slot] + [width] * count
+        width = max(self.widths)
+        capacity = self._reference()[1].size(0)
+        if capacity < first_slot + count:
+            capacity = 2 * (first_slot + count)  # room to grow without reallocating each time
+        if (
+            any(t is None for t in self.memory.values())
+            or self.width != width
+            or capacity != self._reference()[1].size(0)
+        ):
+            self._reallocate(first_slot, capacity, width)
+        slots = slice(first_slot, first_slot + count)
+        pad = width - new_width(new, self.layout)
+        for name, spec in self.layout.items():
+            pool, given = self.memory[name], new[name]
+            if spec.width_dim is None:
+                pool[slots] = given
+                continue
+            # a tensor left out (no padding in its source) holds zeros at its own positions
+            before = (slots, *[slice(None)] * (spec.width_dim - 1))
+            pool[(*before, slice(None, pad))] = spec.padding
+            pool[(*before, slice(pad, None))] = 0 if given is None else given
+
+    def _reallocate(self, live: int, capacity: int, width: int) -> None:
+        """New tensors of ``capacity`` slots and ``width``; the first ``live`` slots kept."""
+        old, kept = self.memory, min(width, self.width)
+        reference = self._reference()[1]
+        self.memory = {}
+        for name, spec in self.layout.items():
+            tensor = old[name]
+            if tensor is None:
+                shape = (capacity, *[1] * (spec.optional_rank - 2), width)
+                new = reference.new_full(shape, spec.padding)
+                new[:live, ..., -kept:] = 0
+            elif spec.width_dim is None:
+                new = tensor.new_zeros(capacity, *tensor.shape[1:])
+                new[:live] = tensor[:live]
+            else:
+                shape = list(tensor.shape)
+                shape[0], shape[spec.width_dim] = capacity, width
+                new = tensor.new_full(shape, spec.padding)
+                before = (slice(None, live), *[slice(None)] * (spec.width_dim - 1))
+                new[(*before, slice(-kept, None))] = tensor[(*before, slice(-kept, None))]
+            self.memory[name] = new
+
+    def rearrange(self, order: list[int]) -> None:
+        """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
+        self._views.clear()
+        moved = [(slot, old) for slot, old in enumerate(order) if slot != old]
+        self.widths = [self.widths[old] for old in order]
+        if moved:
+            device = self._reference()[1].device
+            slots, olds = to_device(list(zip(*moved, strict=True)), device)
+            for tensor in self.memory.values():
+                if tensor is not None:
+                    tensor.index_copy_(0, slots, tensor.index_select(0, olds))
+        if self.widths and 2 * max(self.widths) < self.width:
+            capacity = self._reference()[1].size(0)
+            self._reallocate(len(order), capacity, max(self.widths))
+
+    def view(self, groups: list[tuple[int, int]]) -> dict:
+        """The encoder output that the decoder reads: for each group of slots, from the first
+        on, (sentences, decoder rows each), their memory cut to the widest of them."""
+        key = tuple(groups)
+        if key not in self._views:
+            attention_groups, slot = [], 0
+            for sentences, rows_each in groups:
+                slots = slice(slot, slot + sentences)
+                memory = narrowed(self.memory, self.layout, slots, max(self.widths[slots]))
+                attention_groups.append((memory, sentences * rows_each))
+                slot += sentences
+            self._views[key] = {"attention_groups": attention_groups}
+        return self._views[key]
+
+
+def narrowed(memory: Memory, layout: Layout, rows: slice, width: int) -> Memory:
+    """Rows ``rows`` of a memory, cut to its last ``width`` source positions."""
+    out: Memory = {}
+    for name, spec in layout.items():
+        tensor = memory[name]
+        if tensor is None:
+            out[name] = None
+        elif spec.width_dim is None:
+            out[name] = tensor[rows]
+        else:
+            start = tensor.size(spec.width_dim) - width
+            out[name] = tensor[(rows, *[slice(None)] * (spec.width_dim - 1), slice(start, None))]
+    return out
+
+
+def new_width(memory: Memory, layout: Layout) -> int:
+    """The source positions of a memory."""
+    return next(
+        t.size(layout[name].width_dim) for name, t in memory.items()
+        if t is not None and layout[name].width_dim is not None
+    )  # fmt: skip
