@@ -84,9 +84,14 @@ OPTIONS = [
 ]
 
 
+# the models that mix steps: beamplugin's convs2s, fairseq's transformer (on our decoding path)
+MIXING = ["convs2s", "transformer"]
+
+
+@pytest.mark.parametrize("arch", MIXING)
 @pytest.mark.parametrize("options", OPTIONS, ids=str)
-def test_stream_equals_each_sentence_alone(vocab, models, sentences, options):
-    model = models["convs2s"][0]
+def test_stream_equals_each_sentence_alone(vocab, models, sentences, options, arch):
+    model = models[arch][0]
     gen = SequenceGenerator([model], vocab, **{"max_len_b": 20, **options})
     expected = [alone(gen, s) for s in sentences]
     runs = [*itertools.product(ORDERS, ["windows of 4"]), ("shuffled", "one window")]
@@ -106,8 +111,9 @@ def test_stream_equals_each_sentence_alone(vocab, models, sentences, options):
             ]
 
 
-def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentences, prefixes):
-    model = models["convs2s"][0]
+@pytest.mark.parametrize("arch", MIXING)
+def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentences, prefixes, arch):
+    model = models[arch][0]
     gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
     expected = [alone(gen, s, p) for s, p in zip(sentences, prefixes, strict=True)]
     for order in ORDERS.values():
@@ -123,8 +129,9 @@ def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentence
                 assert len(tokens) == position + 1
 
 
-def test_stream_of_an_ensemble_with_length_constraints(vocab, models, sentences):
-    pair = models["convs2s"]
+@pytest.mark.parametrize("arch", MIXING)
+def test_stream_of_an_ensemble_with_length_constraints(vocab, models, sentences, arch):
+    pair = models[arch]
     strategy = search.LengthConstrainedBeamSearch(vocab, 0.5, 1, 1.5, 2)
     gen = SequenceGenerator(pair, vocab, beam_size=4, max_len_b=20, search_strategy=strategy)
     expected = [alone(gen, s) for s in sentences]
@@ -133,8 +140,9 @@ def test_stream_of_an_ensemble_with_length_constraints(vocab, models, sentences)
     assert engine.refills > 0
 
 
-def test_stream_equals_fairseq_with_default_options(vocab, models, sentences):
-    model = models["convs2s"][0]
+@pytest.mark.parametrize("arch", MIXING)
+def test_stream_equals_fairseq_with_default_options(vocab, models, sentences, arch):
+    model = models[arch][0]
     options = dict(beam_size=5, max_len_b=20)
     fairseq = FairseqGenerator([model], vocab, **options)
     expected = [fairseq.generate([model], one_sentence(s))[0] for s in sentences]
@@ -144,17 +152,21 @@ def test_stream_equals_fairseq_with_default_options(vocab, models, sentences):
     assert engine.refills > 0
 
 
-@pytest.mark.parametrize("arch", ["fconv", "transformer"])
-def test_models_that_cannot_mix_steps_decode_batch_after_batch(vocab, models, sentences, arch):
-    model = models[arch][0]
-    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+@pytest.mark.parametrize("ensemble", [["fconv"], ["transformer", "fconv"]], ids=str)
+def test_models_that_cannot_mix_steps_decode_batch_after_batch(
+    vocab, models, sentences, ensemble, caplog
+):
+    pair = [models[arch][0] for arch in ensemble]
+    gen = SequenceGenerator(pair, vocab, beam_size=4, max_len_b=20)
     expected = [alone(gen, s) for s in sentences]
     rows: list[int] = []
     decode_step = gen.model.decode_step
     gen.model.decode_step = lambda tokens, *a, **k: rows.append(len(tokens)) or decode_step(
         tokens, *a, **k
     )
-    out, engine = stream(gen, sentences, ORDERS["as given"], max_sentences=5)
+    with caplog.at_level("INFO", logger="beamplugin.engine.engine"):
+        out, engine = stream(gen, sentences, ORDERS["as given"], max_sentences=5)
+    assert "FConvModel decodes one batch at a time" in caplog.text  # the log says why
     assert_same(expected, out, check_attention=False)  # a batch's attention spans its width
     assert engine.refills == 0
     # three batches of 5, 5 and 4 sentences, each starting on beam rows per sentence

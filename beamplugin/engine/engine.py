@@ -71,8 +71,9 @@ class DecodingEngine:
         self._cancelling = False  # some sentence in flight is to leave at the next step
         if not model.mixes_steps and (max_sentences or max_tokens):
             logger.info(
-                "these models cannot decode sentences at different steps in one forward: new "
-                "sentences are admitted when the batch is empty (no continuous batching)"
+                "these models cannot decode sentences at different steps in one forward (%s): "
+                "new sentences are admitted when the batch is empty (no continuous batching)",
+                model.why_not_mixed,
             )
 
     @classmethod

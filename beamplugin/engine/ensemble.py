@@ -25,6 +25,7 @@ import torch
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
+from beamplugin.models.mixed_step_transformer import mixed_step_view
 from beamplugin.runtime.host_transfer import to_device
 
 
@@ -122,14 +123,18 @@ class EnsembleDecoder(nn.Module):
         self, models: list[nn.Module], lm_model: nn.Module | None = None, lm_weight: float = 1.0
     ) -> None:
         super().__init__()
-        self.models = nn.ModuleList(models)
-        self.lm_model, self.lm_weight = lm_model, lm_weight
         for model in models:
             if getattr(model, "encoder", None) is None or getattr(model, "decoder", None) is None:
                 raise ValueError(
                     f"SequenceGenerator needs encoder-decoder models, got {type(model).__name__}"
                 )
-        self.incremental = all(isinstance(m.decoder, FairseqIncrementalDecoder) for m in models)
+        models, self.why_not_mixed = _mixing_views(models)
+        self.models = nn.ModuleList(models)
+        self.lm_model, self.lm_weight = lm_model, lm_weight
+        self.mixes_steps = self.why_not_mixed is None
+        self.incremental = self.mixes_steps or all(
+            isinstance(m.decoder, FairseqIncrementalDecoder) for m in models
+        )
         # Decoders that read one encoder_out row per sentence whatever their rows per sentence
         # (beamplugin's convs2s); the others get a copy per decoder row, as in fairseq, and may
         # assume beam rows per sentence (fconv's BeamableMM does).
@@ -139,9 +144,6 @@ class EnsembleDecoder(nn.Module):
         # A new hypothesis is one row until its first step when every model reads the encoder
         # output per sentence; the others decode beam identical rows, as in fairseq.
         self.first_step_one_row = all(self.per_sentence)
-        self.mixes_steps = self.incremental and all(
-            getattr(m.decoder, "decodes_mixed_steps", False) for m in models
-        )
 
     def max_decoder_positions(self) -> int:
         return min(m.max_decoder_positions() for m in self.models)
@@ -165,6 +167,8 @@ class EnsembleDecoder(nn.Module):
         ``reorder_incremental_state_scripting`` finds by walking all modules at every step."""
         if not self.incremental:
             return [[] for _ in self.models]
+        if self.mixes_steps:  # MixedStepDecoder.reorder_incremental_state moves all its state
+            return [[model.decoder] for model in self.models]
         return [
             [m for m in model.decoder.modules() if hasattr(m, "reorder_incremental_state")]
             for model in self.models
@@ -213,6 +217,24 @@ class EnsembleDecoder(nn.Module):
             lm_lprobs = self.lm_model.get_normalized_probs(lm_out, log_probs=True, sample=None)
             mean_lprobs = mean_lprobs + lm_lprobs[:, -1, :] * self.lm_weight
         return mean_lprobs, mean_attn
+
+
+def _mixing_views(models: list[nn.Module]) -> tuple[list[nn.Module], str | None]:
+    """``models`` as models that mix steps, where every one of them can (fairseq's
+    transformer through beamplugin.models.mixed_step_transformer); else as they are, and why
+    they cannot."""
+    views, reasons = [], []
+    for model in models:
+        if getattr(model.decoder, "decodes_mixed_steps", False):
+            views.append(model)
+            continue
+        view, reason = mixed_step_view(model)
+        views.append(view)
+        if view is None:
+            reasons.append(reason or f"{type(model).__name__} decodes one batch at a time")
+    if reasons:
+        return models, "; ".join(dict.fromkeys(reasons))
+    return views, None
 
 
 def search_log_probs(model: nn.Module, logits: Tensor, extra: Any, temperature: float) -> Tensor:
