@@ -17,8 +17,10 @@ sentencepiece`` would give them.
 
 ``--products`` times the decoder's products alone instead (the 8000 x 256 vocabulary projection
 and a 768 -> 512 convolution, weights not in cache): our float32 product (packed oneDNN), torch's
-bfloat16 and float16 ``F.linear``, our int8 product, and ``torch._weight_int8pack_mm`` (int8
-weights, bfloat16 or float32 activations), as ratios to float32.
+bfloat16 and float16 ``F.linear``, our int8 product (a scale per row), fbgemm's dynamic int8
+linear (one scale for all rows: what --int8 used before, not batch invariant), and
+``torch._weight_int8pack_mm`` (int8 weights, bfloat16 or float32 activations), as ratios to
+float32.
 
     python scripts/bench_precision.py --path CKPT.pt --data DATA-BIN --ref test.en \\
         --batch-sizes 1 64 --max-sentences 128
@@ -32,6 +34,7 @@ import argparse
 import copy
 import statistics
 import time
+import warnings
 from argparse import Namespace
 from collections.abc import Callable
 from functools import partial
@@ -107,8 +110,13 @@ def time_products(args: Namespace) -> None:
         bias = torch.randn(out_features)
         packed = linear_module.pack_weight(weight)
         int8 = linear_module.pack_int8(weight, bias)
-        scales = weight.abs().amax(1) / 127
-        int8_weight = torch.round(weight / scales[:, None]).to(torch.int8)
+        int8_weight, scales = int8.values, int8.scales
+        with warnings.catch_warnings():  # torch marks quantized tensors deprecated
+            warnings.simplefilter("ignore", UserWarning)
+            zeros = torch.zeros(out_features, dtype=torch.long)
+            fbgemm = torch.ops.quantized.linear_prepack(
+                torch.quantize_per_channel(weight, scales.double(), zeros, 0, torch.qint8), bias
+            )
         for rows in [1, 5, 40, 320]:
             x = torch.randn(rows, in_features)
             half = {dtype: (x.to(dtype), weight.to(dtype), bias.to(dtype))
@@ -118,7 +126,10 @@ def time_products(args: Namespace) -> None:
                 "float32 (ours)": partial(linear_module.linear, x, weight, bias, keep),
                 "bf16 F.linear": partial(F.linear, *half[torch.bfloat16]),
                 "fp16 F.linear": partial(F.linear, *half[torch.float16]),
-                "int8 (ours)": partial(linear_module.int8_linear, x, int8, out_features),
+                "int8 (ours)": partial(linear_module.int8_linear, x, int8),
+                "int8 fbgemm shared scale": partial(
+                    torch.ops.quantized.linear_dynamic, x, fbgemm, True
+                ),
                 "int8pack_mm bf16": partial(torch._weight_int8pack_mm, xb, int8_weight, sb),
                 "int8pack_mm fp32": partial(torch._weight_int8pack_mm, x, int8_weight, scales),
             }

@@ -9,7 +9,9 @@ cumulative scores, length normalisation and the stop tests are float32.
 
 Where a precision has no hardware support (checked per device), float16 is refused with a clear
 message and bfloat16 decodes as asked with a warning: never a silent float32 run. ``int8``
-(CPU only) keeps float32 and multiplies the largest weights in int8 instead.
+(CPU only) keeps float32 and multiplies the largest weights in int8 instead, each row of
+activations with its own scale, so that a sentence's result does not depend on its batch-mates
+(beamplugin.modules.linear.int8_linear).
 """
 
 from __future__ import annotations
@@ -50,11 +52,9 @@ def check_precision(precision: str, device: torch.device) -> None:
     if precision == "int8":
         if device.type != "cpu":
             raise ValueError(
-                f"--int8 on {device}: int8 products run on the CPU only (torch's x86 quantized "
-                "engine); on a GPU decode with --fp16 or --bf16"
+                f"--int8 on {device}: int8 products run on the CPU only (torch._int_mm with "
+                "per-row scales); on a GPU decode with --fp16 or --bf16"
             )
-        if "x86" not in torch.backends.quantized.supported_engines:
-            raise ValueError("--int8: this torch build has no x86 quantized engine (fbgemm)")
         return
     if dtype == torch.float32:
         return
@@ -102,7 +102,14 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
                 f"multiplies weights of {linear_module.INT8_MIN_WEIGHTS} elements or more in "
                 "int8); they would decode in float32: leave out --int8"
             )
-        logger.info("--int8: %d weights multiplied in int8", large)
+        logger.info(
+            "--int8: %d weights multiplied in int8 (weights of %d levels: %s)",
+            large,
+            linear_module.int8_weight_levels(),
+            "this CPU sums 8-bit products exactly (VNNI/AMX)"
+            if linear_module.int8_weight_levels() == 127
+            else "7-bit weights, as this CPU sums pairs of products in 16 bits (no VNNI)",
+        )
     for model in models:
         model.to(dtype)
     for module in caches:

@@ -1,24 +1,23 @@
 """Matrix products of the model, routed to the fastest CPU kernel for large weights.
 
 On CPU, ``F.linear`` runs float32 products through MKL. For the decoder's output projection
-(vocabulary x embedding, a few to a few hundred rows per step) oneDNN's matmul takes 1.2 to 2.6
-times less on the machine we measured, an AMD EPYC (``python scripts/bench_linear.py``); for
+(vocabulary x embedding, a few to a few hundred rows per step) oneDNN's matmul is faster on
+the machine we measured, an AMD EPYC (``python scripts/bench_linear.py``; docs/speed.md); for
 small weights MKL is as fast or faster. Results differ from ``F.linear`` only in rounding
 (about 1e-6 relative). Training keeps ``F.linear``: the oneDNN op has no autograd formula.
 
 Given a plain weight, oneDNN lays it out in its blocked format on every product: a read and a
-write of the whole weight (8 MB for the projection) on top of the product's own read. Modules
-keep a packed copy instead (:class:`InferenceCache`): 2.6x faster for 5 rows when the weight
-comes from memory rather than cache, as it does between decoder steps, and bit-identical
-results for any number of rows. A model cast to bfloat16 or float16 packs its weights in that
-precision, on CPUs that multiply it in hardware (beamplugin.fairseq_plugin.precision).
+write of the whole weight on top of the product's own read. Modules keep a packed copy instead
+(:class:`InferenceCache`): faster when the weight comes from memory rather than cache, as it
+does between decoder steps, and bit-identical results for any number of rows. A model cast to
+bfloat16 or float16 packs its weights in that precision, on CPUs that multiply it in hardware
+(beamplugin.fairseq_plugin.precision).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -63,26 +62,77 @@ ONEDNN_DTYPES = frozenset(
 INT8_MIN_WEIGHTS = 1 << 17
 
 
-def pack_int8(weight: Tensor, bias: Tensor | None) -> Any:
-    """``weight`` quantized to int8 per output channel (symmetric, scale max |w| / 127) and
-    packed with ``bias`` for :func:`int8_linear` (torch's x86 quantized engine, fbgemm)."""
+def _int8_products_are_exact(weight_levels: int) -> bool:
+    """Whether torch's int8 product (``torch._int_mm``: oneDNN's s8s8s32 gemm) sums exactly
+    for activations up to +-127 and weights up to +-``weight_levels``, at the layouts and row
+    counts :func:`int8_linear` uses. CPUs with VNNI (AVX512-VNNI, AVX-VNNI) or AMX sum 8-bit
+    products in 32 bits; without them (AVX2, AVX512 alone) oneDNN adds pairs of products in 16
+    bits with saturation, exact only for 7-bit weights."""
+    k = 256
+    for rows in (1, 5, 64):
+        for x_sign, w_sign in ((1, 1), (1, -1), (-1, 1), (-1, -1)):
+            x = torch.full((rows, k), 127 * x_sign, dtype=torch.int8)
+            w = torch.full((16, k), weight_levels * w_sign, dtype=torch.int8)
+            expected = 127 * weight_levels * k * x_sign * w_sign
+            if not bool(torch._int_mm(x, w.t()).eq(expected).all()):
+                return False
+    return True
+
+
+def int8_weight_levels() -> int:
+    """The largest int8 weight magnitude whose products this CPU sums exactly: 127 where it
+    has VNNI or AMX, else 63 (7-bit weights; activations keep 8 bits). Probed once, on the
+    kernel torch really runs (``ONEDNN_MAX_CPU_ISA`` may cap what the flags promise)."""
+    global _weight_levels
+    if _weight_levels is None:
+        _weight_levels = 127 if _int8_products_are_exact(127) else 63
+    return _weight_levels
+
+
+_weight_levels: int | None = None
+# A row's largest magnitude is taken as at least this, so that 127 / it stays finite (a zero
+# row quantizes to zeros, not to NaN).
+_SMALLEST_SCALED = 1e-30
+
+
+class Int8Weight(NamedTuple):
+    """A weight for :func:`int8_linear`: int8 values (out x in), float32 scale per output
+    channel (out), and the float32 bias (or None)."""
+
+    values: Tensor
+    scales: Tensor
+    bias: Tensor | None
+
+
+def pack_int8(weight: Tensor, bias: Tensor | None, levels: int | None = None) -> Int8Weight:
+    """``weight`` quantized to int8 per output channel, symmetric: scale max |w| / ``levels``
+    (:func:`int8_weight_levels` if None), values rounded to the nearest integer."""
+    levels = int8_weight_levels() if levels is None else levels
     w = weight.detach().float()
-    scales = (w.abs().amax(1) / 127).clamp(min=1e-12).double()
-    zero_points = torch.zeros(w.size(0), dtype=torch.long)
-    with warnings.catch_warnings():  # torch 2.13 marks quantized tensors deprecated
-        warnings.simplefilter("ignore", UserWarning)
-        quantized = torch.quantize_per_channel(w, scales, zero_points, 0, torch.qint8)
-    return torch.ops.quantized.linear_prepack(
-        quantized, None if bias is None else bias.detach().float()
-    )
+    scales = (w.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
+    values = torch.round(w / scales[:, None]).to(torch.int8)
+    return Int8Weight(values, scales, None if bias is None else bias.detach().float())
 
 
-def int8_linear(x: Tensor, packed: Any, out_features: int) -> Tensor:
-    """``F.linear`` with a :func:`pack_int8` weight: the rows of ``x`` are quantized to 8 bits
-    per product (one scale for all of them), multiplied in int8 and scaled back to float32."""
-    # reduce_range: 7-bit activations, so that AVX2's 16-bit sums of pairs cannot saturate
-    out = torch.ops.quantized.linear_dynamic(x.reshape(-1, x.size(-1)), packed, True)
-    return out.view(*x.shape[:-1], out_features)
+def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
+    """``F.linear`` with a :func:`pack_int8` weight: each row of ``x`` is quantized to int8 with
+    its own scale (max |x_row| / 127), multiplied in int8 with 32-bit sums, and scaled back to
+    float32.
+
+    A row's result depends on that row alone, whatever rows share the product: the quantization
+    is per row, integer sums are exact in any order and blocking, and the scaling back is one
+    rounding per operation, element by element. So a sentence decodes the same alone or with
+    any batch-mates, as in float32 (a shared scale, as torch's dynamic quantized linear takes,
+    would tie every row to the largest activation of the step)."""
+    rows = x.reshape(-1, x.size(-1))
+    top = rows.abs().amax(1, keepdim=True).clamp_(min=_SMALLEST_SCALED)
+    quantized = torch.mul(rows, 127 / top).round_().to(torch.int8)
+    # the float copy first: torch's int32 x float32 multiply is 10x slower than float32's
+    out = torch._int_mm(quantized, weight.values.t()).float()
+    out.mul_(weight.scales).mul_(top / 127)
+    if weight.bias is not None:
+        out.add_(weight.bias)
+    return out.view(*x.shape[:-1], weight.values.size(0))
 
 
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
@@ -159,7 +209,7 @@ class InferenceCache(nn.Module):
             and not torch.is_grad_enabled()
         ):
             packed = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
-            return int8_linear(x, packed, weight.size(0))
+            return int8_linear(x, packed)
         return linear(
             x, weight, bias, lambda: self.cached(f"{name} packed", lambda: pack_weight(weight))
         )
