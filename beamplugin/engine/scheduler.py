@@ -23,8 +23,9 @@ from beamplugin.engine.requests import Request
 from beamplugin.runtime.host_transfer import to_host
 from beamplugin.search.options import DecodingOptions
 
-# An encoder forward costs as much as this many padded tokens more: it reads all its weights
-# once per forward, so widths are grouped only where padding costs less than another forward.
+# An encoder forward costs as much as this many padded tokens more (measured: docs/speed.md): it
+# reads all its weights once per forward, so widths are grouped only where padding costs less
+# than another forward.
 ENCODER_FORWARD_TOKENS = 26
 # Requests taken ahead of room for them: at least ENCODE_AHEAD, or ENCODE_AHEAD_PER_SLOT times
 # the capacity in sentences: random arrivals sort into fewer, denser width groups among more.
@@ -32,7 +33,7 @@ ENCODE_AHEAD = 512
 ENCODE_AHEAD_PER_SLOT = 8
 # While sentences decode and more may come (a server), fewer than ENCODE_GROUP waiting
 # sentences wait up to MAX_ADMISSION_DELAY steps for company: a sentence encoded alone costs
-# about twice as much as one of a group of eight.
+# much more than one of a group (docs/speed.md).
 ENCODE_GROUP = 8
 MAX_ADMISSION_DELAY = 2
 

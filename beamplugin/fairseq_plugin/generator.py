@@ -167,8 +167,8 @@ class SequenceGenerator(nn.Module):
         )
         results: list[list[Hypothesis]] = [[] for _ in batch.keys]
         engine = DecodingEngine(self.model, self.options, bos_token=bos_token)
-        # Inference mode skips autograd's version counting and views on every op: on the CPU
-        # the search's many small ops and the model's take ~20% less time than under no_grad.
+        # Inference mode skips autograd's version counting and views on every op: the search's
+        # many small ops and the model's take less time than under no_grad (docs/speed.md).
         with torch.inference_mode():
             for finished in run(engine, IteratorSource([batch])):
                 if finished.error is not None:

@@ -1,12 +1,8 @@
 """Keep freed heap memory for reuse in a decoding process (glibc's allocator).
 
-A decoder step allocates tensors of nearly the same sizes as the step before (log-probs of
-every row: 4.8 MB at 300 rows of a 4k vocabulary). glibc's malloc adapts its thresholds to the
-largest blocks freed so far and hands the top of the heap back to the kernel whenever more
-than twice that is free, so as sentences come and go and the sizes move a little, the heap
-shrinks by 10-15 MB and grows again step after step, and every page that comes back is a page
-fault: at capacity 64 on the demo model, 250,000-470,000 minor faults and 0.6-1.1 s of system
-time per 1000 sentences (7-11% of the decode). Fixed thresholds keep that memory.
+A decoder step allocates tensors of nearly the sizes of the step before. glibc's malloc, whose
+thresholds follow the largest blocks freed so far, hands the top of the heap back to the kernel
+and faults it in again a step later; fixed thresholds keep that memory (figures: docs/speed.md).
 """
 
 from __future__ import annotations

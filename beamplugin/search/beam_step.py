@@ -113,10 +113,9 @@ def chunk_size(vocab: int, chunks_needed: int) -> int | None:
     """The chunk width for :func:`top_candidates`: a divisor of ``vocab`` in 64..256 that cuts
     it into at least ``chunks_needed`` chunks, preferably a multiple of 8, nearest to 128.
 
-    Measured on 2 CPU threads (beam 5, 1 to 64 sentences, vocabularies of 6k to 32k words):
-    widths of 100-200 take 1.3x (one sentence) to 6x (64 sentences) less than a plain
-    ``torch.topk``; narrower chunks make the maxima slow (short reductions), wider ones the
-    second top-k, and widths that are not a multiple of 8 (or 4) vectorise worse.
+    Widths of 100-200 were fastest (docs/speed.md): narrower chunks make the maxima slow (short
+    reductions), wider ones the second top-k, and widths that are not a multiple of 8 (or 4)
+    vectorise worse.
     """
     sizes = [d for d in range(64, 257) if vocab % d == 0 and vocab // d >= chunks_needed]
     for multiple in (8, 4, 1):
@@ -146,7 +145,7 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     # fl(max + s) == max(fl(x + s)): rounding is monotone, so these are the chunks' best totals
     chunk_best = chunks.amax(1).view(bsz, in_beam, per_beam).add_(scores.unsqueeze(2))
     best_chunks = torch.topk(chunk_best.view(bsz, -1), k).indices  # best first
-    # index_select of whole rows: 4x faster than a gather of an expanded index at 64 sentences
+    # index_select of whole rows: faster than a gather of an expanded index (docs/speed.md)
     first_chunk = torch.arange(0, chunks.size(0), in_beam * per_beam, device=lprobs.device)
     picked = chunks.index_select(0, (best_chunks + first_chunk.unsqueeze(1)).view(-1))
     beams = torch.div(best_chunks, per_beam, rounding_mode="floor")
