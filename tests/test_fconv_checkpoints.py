@@ -9,6 +9,8 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq_tools import binarized_toy_corpus, run_tool
 
+from beamplugin.engine import DecodingEngine
+from beamplugin.fairseq_plugin import fconv_checkpoints
 from beamplugin.fairseq_plugin.fconv_checkpoints import fconv_as_convs2s
 from beamplugin.models.convs2s import ConvS2SModel
 
@@ -67,6 +69,34 @@ def test_converted_checkpoint_builds_convs2s_and_translates_identically(fconv_ch
         their_scores = [float(x) for x in their_fields[1].split()]
         our_scores = [float(x) for x in our_fields[1].split()]
         assert our_scores == pytest.approx(their_scores, abs=1e-5)
+
+
+def test_converted_checkpoint_translates_with_our_engine_through_from_pretrained(
+    fconv_checkpoint, monkeypatch
+):
+    """The converted checkpoint records task beam_translation: fairseq's hub interface builds
+    our generator, and its translations are fairseq-generate's."""
+    data, fconv = fconv_checkpoint
+    convs2s = fconv.with_name("convs2s-hub.pt")
+    fconv_checkpoints.main([str(fconv), str(convs2s)])
+    assert torch.load(convs2s, weights_only=False)["cfg"]["task"]["_name"] == "beam_translation"
+    steps = []
+    step = DecodingEngine.step
+    monkeypatch.setattr(DecodingEngine, "step", lambda self: steps.append(1) or step(self))
+    hub = ConvS2SModel.from_pretrained(
+        str(convs2s.parent), checkpoint_file=convs2s.name, data_name_or_path=str(data)
+    )
+    lines = (data.parent / "test.de").read_text().splitlines()[:5]
+    translations = hub.translate(lines, beam=4)
+    assert steps, "our engine did not decode"
+    generated = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--path", str(convs2s),
+        "--beam", "4", "--cpu", "--batch-size", "1",
+    )  # fmt: skip
+    by_id = dict(
+        line.split("\t")[0::2] for line in generated.stdout.splitlines() if line[:2] == "H-"
+    )
+    assert translations == [by_id[f"H-{i}"] for i in range(5)]
 
 
 def test_other_architectures_are_refused_by_name():

@@ -1,7 +1,9 @@
 """Run an existing fairseq ``fconv`` checkpoint as our ``convs2s`` model.
 
 The weights need no change (the state dicts are the same); only the architecture name the
-checkpoint records does, because fairseq builds the model from it.
+checkpoint records does, because fairseq builds the model from it, and its task becomes
+``beam_translation``, so that fairseq's tools and ``from_pretrained(...).translate()`` decode
+it with our generator.
 
     python -m beamplugin.fairseq_plugin.fconv_checkpoints fconv.pt convs2s.pt
 """
@@ -39,15 +41,26 @@ def _rename(model_cfg: Any) -> None:
     put("_name", FCONV_TO_CONVS2S[arch])
 
 
+def _our_task(task_cfg: Any) -> None:
+    if isinstance(task_cfg, dict):
+        task_cfg["_name"] = "beam_translation"
+    else:
+        task_cfg.task = "beam_translation"
+
+
 def fconv_as_convs2s(state: dict[str, Any]) -> dict[str, Any]:
-    """Point a loaded fairseq checkpoint's architecture at the matching convs2s one, in place."""
+    """Point a loaded fairseq checkpoint's architecture at the matching convs2s one and its
+    task at beam_translation, in place."""
     found = False
     if state.get("args") is not None:
         _rename(state["args"])
+        _our_task(state["args"])
         found = True
     cfg = state.get("cfg") or {}
     if cfg.get("model") is not None:
         _rename(cfg["model"])
+        if cfg.get("task") is not None:
+            _our_task(cfg["task"])
         found = True
     if not found:
         raise ValueError("the checkpoint records no model architecture (no 'args' or 'cfg.model')")
