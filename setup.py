@@ -37,7 +37,9 @@ setup(
             "ruff==0.17.6",
             "selenium==4.51.0",
             "import-linter==2.17",
-        ]
+        ],
+        # scripts/bench_transformer.py only: CTranslate2 decodes the same checkpoints there
+        "bench": ["ctranslate2==4.8.5"],
     },
     entry_points={"console_scripts": ["beamplugin-serve = beamplugin.serving.cli:cli_main"]},
 )
