@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import FairseqIncrementalState
 from torch import Tensor, nn
 
@@ -34,10 +35,28 @@ class TBCConvolution(FoldedWeightNorm):
 
     def convolve(self, x: Tensor, frames_before: int) -> Tensor:
         """Output frame t sees input frames t - frames_before ... t - frames_before + width - 1."""
+        if self.multiplies_in_int8(self.weight):
+            return self._convolve_as_product(x, frames_before)
         padding = max(frames_before, self.kernel_size - 1 - frames_before)
         out = torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)
         start = padding - frames_before
         return out[start : start + x.size(0)]
+
+    def _convolve_as_product(self, x: Tensor, frames_before: int) -> Tensor:
+        """:meth:`convolve` as one product of every output frame's window of input frames
+        (time, batch, (frame, channel)) with the linearized weight: the int8 path, whose rows
+        are quantized one window at a time (torch has no int8 conv_tbc)."""
+        steps, bsz = x.shape[:2]
+        frames_after = self.kernel_size - 1 - frames_before
+        padded = F.pad(x, (0, 0, 0, 0, frames_before, frames_after))
+        windows = padded.unfold(0, self.kernel_size, 1).transpose(2, 3)
+        weight = self.derived_weight("linearized", self._linearize)
+        out = self.product(windows.reshape(steps * bsz, -1), weight, self.bias, "linearized")
+        return out.view(steps, bsz, -1)
+
+    def _linearize(self, weight: Tensor) -> Tensor:
+        """out_channels x (frame, in_channel): a window of frames times this is the convolution."""
+        return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
 
     def forward(self, x: Tensor) -> Tensor:
         # centred window; for even widths one more frame after than before (as fconv)
@@ -72,9 +91,6 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
         x = x.view(bsz, -1)
         weight = self.derived_weight("linearized", self._linearize)
         return self.product(x, weight, self.bias, "linearized").view(bsz, 1, -1)
-
-    def _linearize(self, weight: Tensor) -> Tensor:
-        return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
 
     def reorder_buffer(
         self, incremental_state: IncrementalState, new_order: Tensor, fresh_rows: int = 0

@@ -197,17 +197,22 @@ class InferenceCache(nn.Module):
             self._cache[name] = make()
         return self._cache[name]
 
+    def multiplies_in_int8(self, weight: Tensor) -> bool:
+        """Whether :meth:`product` multiplies ``weight`` in int8 (int8 products on, a large
+        weight, no autograd)."""
+        return (
+            self.int8_products
+            and weight.numel() >= INT8_MIN_WEIGHTS
+            and not torch.is_grad_enabled()
+        )
+
     def product(
         self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str = "weight"
     ) -> Tensor:
         """:func:`linear` of ``weight`` (this module's, or derived from its parameters and
         cached under ``name``), whose oneDNN packing is kept; with int8 products on, a large
         weight's :func:`int8_linear` instead, its int8 packing kept."""
-        if (
-            self.int8_products
-            and weight.numel() >= INT8_MIN_WEIGHTS
-            and not torch.is_grad_enabled()
-        ):
+        if self.multiplies_in_int8(weight):
             packed = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
             return int8_linear(x, packed)
         return linear(
