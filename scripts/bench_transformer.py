@@ -88,8 +88,11 @@ def fairseq_decode(generator: object, model: torch.nn.Module, pad: int) -> Decod
 
 def ct2_model(path: str, data: str, quantization: str | None, workdir: Path) -> Path:
     out = workdir / f"ct2-{quantization or 'float32'}"
-    command = [str(Path(sys.executable).with_name("ct2-fairseq-converter")), "--model_path",
-               path, "--data_dir", data, "--output_dir", str(out)]
+    # ct2-fairseq-converter, after beamplugin made fairseq's checkpoint loading work under
+    # torch's weights_only unpickler (and registered the task the checkpoint may name)
+    convert = "import sys, beamplugin; from ctranslate2.converters.fairseq import main; main()"
+    command = [sys.executable, "-c", convert, "--model_path", path, "--data_dir", data,
+               "--output_dir", str(out)]
     if quantization:
         command += ["--quantization", quantization]
     subprocess.run(command, check=True, capture_output=True)
