@@ -4,6 +4,7 @@ the task's continuous ``fairseq-generate``, :func:`~beamplugin.streams.translate
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
@@ -21,8 +22,22 @@ class Source(Protocol):
         """The next request; None if none is there now (or, once ``exhausted``, ever).
         ``wait``: the engine is idle, so block until one comes or the source ends."""
 
+    def cancellations(self) -> list[Any]:
+        """Keys of the sentences cancelled since the last call; :func:`run` hands them to the
+        engine between steps (keys it does not hold are ignored)."""
+
     @property
     def exhausted(self) -> bool: ...
+
+
+class Observer(Protocol):
+    """What :func:`run` reports besides results (a server's metrics)."""
+
+    def admitted(self, keys: list[Any]) -> None:
+        """Sentences just put in flight."""
+
+    def stepped(self, sentences: int, seconds: float) -> None:
+        """A step of ``sentences`` sentences took ``seconds``."""
 
 
 class IteratorSource:
@@ -37,16 +52,25 @@ class IteratorSource:
         self.exhausted = request is None
         return request
 
+    def cancellations(self) -> list[Any]:
+        return []
 
-def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
+
+def run(
+    engine: DecodingEngine, source: Source, observer: Observer | None = None
+) -> Iterator[Finished]:
     """Decode every request of ``source``; yields each sentence as soon as it is finished.
 
     Requests are taken as the engine wants them and admitted whenever it has room for them
     (all sentences of one request together). A request that can never be decoded (too long for
     the model or for the capacity) comes back as Finished results with the error, and the
-    others go on.
+    others go on. Sentences the source cancels leave the engine between steps (see
+    DecodingEngine.cancel).
     """
     while True:
+        cancelled = source.cancellations()
+        if cancelled:
+            engine.cancel(cancelled)
         while not source.exhausted and engine.wants_requests():
             request = source.take(wait=engine.idle)
             if request is None:
@@ -57,12 +81,21 @@ def run(engine: DecodingEngine, source: Source) -> Iterator[Finished]:
                 yield from (Finished(key, [], error) for key in request.keys)
                 continue
             engine.enqueue(request)
+        in_flight = len(engine.live)
         engine.admit_waiting(more_coming=not source.exhausted)
         if not engine.live:
             if source.exhausted and not engine.waiting:
                 return
             continue
-        yield from engine.step()
+        if observer is None:
+            yield from engine.step()
+            continue
+        if len(engine.live) > in_flight:  # admitted now: no step taken yet
+            observer.admitted([s.key for s in engine.live if s.step == 0])
+        sentences, started = len(engine.live), time.perf_counter()
+        finished = engine.step()
+        observer.stepped(sentences, time.perf_counter() - started)
+        yield from finished
 
 
 def sentence_request(key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None) -> Request:
