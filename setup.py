@@ -11,6 +11,9 @@ from setuptools import find_packages, setup
 #    uses it.
 #  - aiohttp, prometheus-client: the translation server (beamplugin-serve); selenium (dev): its
 #    page tested in a real browser. See README, "Why these pins".
+#  - limits: the server's requests per minute (--req-limit); openapi-spec-validator and
+#    jsonschema (dev): its /spec checked, and its answers against it; psutil (dev): the soak's
+#    resident memory. See docs/dependencies.md.
 INSTALL_REQUIRES = [
     "torch==2.13.0",
     "ve-fairseq==0.12.3",
@@ -20,6 +23,7 @@ INSTALL_REQUIRES = [
     "sacrebleu==2.6.0",
     "aiohttp==3.14.5",
     "prometheus-client==0.26.0",
+    "limits==5.8.0",
 ]
 
 setup(
@@ -37,6 +41,9 @@ setup(
             "ruff==0.17.6",
             "selenium==4.51.0",
             "import-linter==2.17",
+            "openapi-spec-validator==0.9.0",
+            "jsonschema==4.26.0",
+            "psutil==7.2.2",
         ],
         # scripts/bench_transformer.py only: CTranslate2 decodes the same checkpoints there
         "bench": ["ctranslate2==4.8.5"],

@@ -13,73 +13,26 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 import pytest
-from fairseq_tools import BIN, REPO, run_tool, sentencepiece_toy_model, toy_sentence_pairs
-
-LINES = [de for de, _ in toy_sentence_pairs(24, seed=7)]
-BODY_LIMIT = 100_000
+from fairseq_tools import REPO, run_tool, sentencepiece_toy_model
+from server_tools import (
+    BODY_LIMIT,
+    LINES,
+    Server,
+    metric,
+    model_options,
+    status_and_json,
+    talk_to_app,
+)
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> dict[str, Path]:
     return sentencepiece_toy_model(tmp_path_factory.mktemp("serve"))
-
-
-def model_options(toy: dict[str, Path]) -> list[str]:
-    """What both fairseq-interactive and the server are given."""
-    return [
-        str(toy["data"]), "--path", str(toy["checkpoint"]), "--beam", "4", "--nbest", "2",
-        "--bpe", "sentencepiece", "--sentencepiece-model", str(toy["spm"]),
-        "-s", "de", "-t", "en", "--cpu", "--print-alignment",
-    ]  # fmt: skip
-
-
-class Server:
-    """beamplugin-serve on a free port of 127.0.0.1, for at most ``lifetime`` seconds."""
-
-    def __init__(self, options: list[str], lifetime: int = 300) -> None:
-        command = ["timeout", "-k", "10", str(lifetime), str(BIN / "beamplugin-serve"),
-                   *options, "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-        self.process = subprocess.Popen(
-            command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
-            env=dict(os.environ, OMP_NUM_THREADS="1"),
-        )  # fmt: skip
-        self.log: list[str] = []
-        self._started = threading.Event()
-        self._url = ""
-
-        def read_log() -> None:
-            for line in self.process.stderr:
-                self.log.append(line)
-                match = re.search(r"serving \S+ on (http://127\.0\.0\.1:\d+)", line)
-                if match:
-                    self._url = match[1]
-                    self._started.set()
-            self._started.set()
-
-        threading.Thread(target=read_log, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        """Once it serves (it loads while the caller does other work)."""
-        self._started.wait(240)
-        assert self._url, "the server did not start:\n" + "".join(self.log[-30:])
-        return self._url
-
-    def stop(self) -> int:
-        """SIGTERM; its exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(120)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
 
 
 @pytest.fixture(scope="module")
@@ -128,12 +81,6 @@ async def _post_all(url: str, bodies: list[tuple[str, dict]]) -> list[tuple[int,
 
 def post_all(url: str, bodies: list[tuple[str, dict]]) -> list[tuple[int, dict]]:
     return asyncio.run(asyncio.wait_for(_post_all(url, bodies), 120))
-
-
-def metric(text: str, name: str) -> float:
-    """A sample's value in Prometheus' text format (0 if absent)."""
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, flags=re.M)
-    return float(match[1]) if match else 0.0
 
 
 def test_concurrent_clients_get_what_fairseq_interactive_prints(server, interactive):
@@ -376,43 +323,13 @@ def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive,
     )
 
 
-def talk_to_app(translator, talk) -> list[tuple[int, dict]]:
-    """The server's app on ``translator``, on a real socket of 127.0.0.1 in this process:
-    what ``talk(session, url)`` returns; the translator is closed afterwards."""
-    from aiohttp import web
-
-    from beamplugin.serving.app import TranslationService
-
-    service = TranslationService(translator, max_request_sentences=64)
-
-    async def scenario() -> list[tuple[int, dict]]:
-        runner = web.AppRunner(service.app(BODY_LIMIT), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                return await talk(session, f"http://127.0.0.1:{runner.addresses[0][1]}")
-        finally:
-            await runner.cleanup()
-
-    try:
-        return asyncio.run(asyncio.wait_for(scenario(), 60))
-    finally:
-        translator.close()
-
-
-async def status_and_json(request) -> tuple[int, dict]:
-    async with request as response:
-        return response.status, await response.json()
-
-
 # the decoder thread ends with the model's error, as it should: its traceback is the log
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_failing_model_answers_500_and_health_says_failed(toy):
     """The server's app on a real socket of 127.0.0.1, with a model that raises at its
     second decoder step: the request in progress gets 500 with the error, later requests 500 at
     once (nothing hangs), and /health answers 503 "failed"."""
-    from beamplugin.serving.app import parse_args
+    from beamplugin.serving.cli import parse_args
     from beamplugin.serving.translator import Translator
 
     args, cfg = parse_args(model_options(toy))
@@ -444,34 +361,56 @@ def test_a_failing_model_answers_500_and_health_says_failed(toy):
     assert "the accelerator is gone" in health[1]["error"]
 
 
-def test_a_killed_decoder_process_answers_500_and_health_says_failed(toy):
+def test_a_killed_decoder_process_is_replaced(toy, interactive):
     """The server's app on a real socket of 127.0.0.1, decoding in its own process as
-    beamplugin-serve does; that process is killed (as the out-of-memory killer would) while a
-    request waits for its sentences: that request gets 500, later ones 500 at once, /health
-    503 "failed", and closing the stream does not hang."""
-    from beamplugin.serving.app import parse_args
+    beamplugin-serve does; that process is killed (as the out-of-memory killer would) while
+    clients wait for their sentences: those requests get 500 naming the exit code, /health
+    answers 503 "restarting" while another process starts, then 200; requests meanwhile get
+    503 with Retry-After; afterwards every translation is right again, and the restart is
+    counted."""
+    from beamplugin.serving.cli import parse_args
     from beamplugin.serving.translator import Translator
 
-    args, cfg = parse_args(model_options(toy))
+    args, cfg = parse_args(model_options(toy) + ["--batch-size", "2"])
     translator = Translator(cfg, args.max_queued, in_process=False)
     stream = translator.stream
+    first_pid = stream.pid
 
-    async def talk(session: aiohttp.ClientSession, url: str) -> list[tuple[int, dict]]:
-        during = asyncio.create_task(
-            status_and_json(session.post(url + "/v1/translate", json={"sentences": LINES * 2}))
-        )
-        while not stream.queued + stream.in_flight:  # sent to the decoder process
-            await asyncio.sleep(0.001)
-        os.kill(stream.pid, signal.SIGKILL)
-        return [
-            await during,
-            await status_and_json(session.post(url + "/v1/translate",
-                                               json={"sentences": LINES[:1]})),
-            await status_and_json(session.get(url + "/health")),
+    async def talk(session: aiohttp.ClientSession, url: str) -> list:
+        during = [
+            asyncio.create_task(status_and_json(session.post(
+                url + "/v1/translate", json={"sentences": LINES[i : i + 4]}
+            )))
+            for i in range(0, 16, 4)
         ]  # fmt: skip
+        while stream.queued + stream.in_flight < 16:  # all sent to the decoder process
+            await asyncio.sleep(0.001)
+        os.kill(first_pid, signal.SIGKILL)
+        answers = await asyncio.gather(*during)
+        health = await status_and_json(session.get(url + "/health"))
+        async with session.post(url + "/v1/translate",
+                                json={"sentences": LINES[:1]}) as response:  # fmt: skip
+            meanwhile = response.status, await response.json(), response.headers["Retry-After"]
+        deadline = time.monotonic() + 90
+        while (await status_and_json(session.get(url + "/health")))[0] != 200:
+            assert time.monotonic() < deadline, "no new decoder process in 90 s"
+            await asyncio.sleep(0.2)
+        after = await status_and_json(session.post(url + "/v1/translate",
+                                                   json={"sentences": LINES[:8]}))  # fmt: skip
+        async with session.get(url + "/metrics") as response:
+            metrics = await response.text()
+        return [answers, health, meanwhile, after, metrics]
 
-    during, after, health = talk_to_app(translator, talk)
+    answers, health, meanwhile, after, metrics = talk_to_app(translator, talk)
     died = f"the decoder process ended (exit code -{signal.SIGKILL.value})"
-    assert during == (500, {"error": f"internal error: {died}"})
-    assert after[0] == 500 and "the decoder failed" in after[1]["error"], after
-    assert health[0] == 503 and health[1]["status"] == "failed" and died in health[1]["error"]
+    # batch 2: the sentences of every request were still held; each failed with the exit code
+    assert answers == [(500, {"error": f"internal error: {died}"})] * 4
+    assert health[0] == 503 and health[1]["status"] == "restarting", health
+    assert meanwhile[0] == 503 and "restarting" in meanwhile[1]["error"] and meanwhile[2] == "1"
+    assert after[0] == 200, after
+    assert [t["hypotheses"][0]["text"] for t in after[1]["translations"]] == [
+        interactive[i][0]["text"] for i in range(8)
+    ]
+    assert stream.pid != first_pid
+    assert metric(metrics, "beamplugin_decoder_restarts_total") == 1
+    assert metric(metrics, 'beamplugin_requests_rejected_total{reason="restarting"}') == 1

@@ -11,14 +11,16 @@ Endpoints: ``POST /translate`` (LibreTranslate's API), ``POST /v1/translate`` (n
 with scores and alignments), ``GET /languages`` (LibreTranslate's), ``GET /health``,
 ``GET /metrics`` (Prometheus) and ``GET /`` (a page to try it). Bad input is answered with a
 status and ``{"error": "..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body
-neither JSON nor a form, 503 with Retry-After when the queue has no room. SIGTERM (or SIGINT)
+neither JSON nor a form, 503 with Retry-After when the queue has no room. Guards
+(beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
+requests per minute, 400 over the character limit. A client that goes away, or a request not
+answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT)
 stops taking requests, answers every accepted one, then exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import signal
@@ -31,7 +33,10 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from beamplugin.serving.decoder_process import DecoderRestarting
+from beamplugin.serving.guards import Guards
 from beamplugin.serving.metrics import ServerMetrics
+from beamplugin.serving.responses import Refused, json_answer
 from beamplugin.serving.translator import RefusedSentence, Translation, Translator
 from beamplugin.streams import QueueFull, StreamClosed, StreamFailed
 
@@ -42,29 +47,23 @@ RETRY_AFTER_SECONDS = 1
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 
 
-def json_answer(
-    data: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    """``data`` as a JSON response, non-ASCII text as UTF-8 rather than \\u escapes."""
-    dumps = functools.partial(json.dumps, ensure_ascii=False)
-    return web.json_response(data, status=status, headers=headers, dumps=dumps)
-
-
-class Refused(Exception):
-    """A request answered with ``status`` and ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
 class TranslationService:
-    """The HTTP endpoints on one Translator."""
+    """The HTTP endpoints on one Translator, behind ``guards`` (none by default); a translation
+    not answered within ``request_timeout`` seconds gets 504 and its sentences are cancelled."""
 
-    def __init__(self, translator: Translator, max_request_sentences: int) -> None:
+    def __init__(
+        self,
+        translator: Translator,
+        max_request_sentences: int,
+        guards: Guards | None = None,
+        request_timeout: float | None = None,
+    ) -> None:
         self.translator = translator
         self.max_request_sentences = max_request_sentences
-        self.metrics = ServerMetrics(translator.stream)
+        self.guards = guards or Guards()
+        self.request_timeout = request_timeout
+        self.metrics = ServerMetrics(translator)
+        translator.observe(self.metrics)
         self.stopping = False
         self.languages = translator.source_lang, translator.target_lang
 
@@ -84,12 +83,19 @@ class TranslationService:
     ) -> web.StreamResponse:
         """Every error as JSON; requests counted and translation requests timed."""
         started = time.perf_counter()
+        endpoint = request.match_info.route.resource
+        path = endpoint.canonical if endpoint is not None else "other"
         try:
             response = await handler(request)
         except Refused as refused:
+            if refused.reason is not None:
+                self.metrics.rejected.labels(refused.reason).inc()
             response = json_answer(
                 {"error": refused.message}, status=refused.status, headers=refused.headers
             )
+        except asyncio.CancelledError:  # the client went away; its sentences are cancelled
+            self.metrics.requests.labels(path, "499").inc()
+            raise
         except web.HTTPException as error:  # aiohttp's own: 404, 405, 413 ...
             if error.status < 400:
                 raise
@@ -101,8 +107,6 @@ class TranslationService:
         except Exception as error:  # a failing model: the client is told, the server goes on
             logger.exception("%s %s failed", request.method, request.path)
             response = json_answer({"error": f"internal error: {error}"}, status=500)
-        endpoint = request.match_info.route.resource
-        path = endpoint.canonical if endpoint is not None else "other"
         self.metrics.requests.labels(path, str(response.status)).inc()
         if path in TRANSLATION_ENDPOINTS:
             self.metrics.latency.labels(path).observe(time.perf_counter() - started)
@@ -114,14 +118,17 @@ class TranslationService:
 
     async def _translate(self, lines: list[str], nbest: int) -> list[list[Translation]]:
         """The ``nbest`` best translations of each line, in order; Refused if the request
-        cannot be taken (nothing of it is then queued)."""
-        stopping = Refused(503, "the server is stopping", {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        cannot be taken (nothing of it is then queued) or is not answered in time (its
+        sentences are then cancelled, as they are when the client goes away)."""
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        stopping = Refused(503, "the server is stopping", retry, reason="stopping")
         if self.stopping:
             raise stopping
         if not 1 <= len(lines) <= self.max_request_sentences:
             raise Refused(
                 400, f"{len(lines)} sentences: a request has 1 to {self.max_request_sentences}"
             )
+        self.guards.check_characters(lines)
         try:
             sources = self.translator.encode(lines)
         except RefusedSentence as refusal:
@@ -132,13 +139,27 @@ class TranslationService:
             raise Refused(
                 503,
                 f"the server is busy: no room for {len(lines)} more sentence(s), retry later",
-                {"Retry-After": str(RETRY_AFTER_SECONDS)},
+                retry,
+                reason="queue_full",
             ) from None
+        except DecoderRestarting as restarting:
+            raise Refused(503, f"{restarting}, retry later", retry, reason="restarting") from None
         except StreamFailed as failed:  # the model failed earlier: every request is told
             raise Refused(500, str(failed)) from None
         except StreamClosed:
             raise stopping from None
-        results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        except TimeoutError:
+            raise Refused(
+                504,
+                f"not translated within the request timeout of {self.request_timeout:g} s",
+                reason="timeout",
+            ) from None
+        finally:  # whatever ended the wait early (timeout, client gone, a failed sentence)
+            for future in futures:
+                future.cancel()  # a sentence already answered stays answered
         translations = []
         for source, hypotheses in zip(sources, results, strict=True):
             rendered = self.translator.render(source, hypotheses[:nbest])
@@ -162,6 +183,7 @@ class TranslationService:
     async def libre_translate(self, request: web.Request) -> web.Response:
         """LibreTranslate's ``/translate``: ``q`` a string or a list of strings."""
         body = await _body(request)
+        self.guards.admit(request, body)
         self._check_pair(body, required=True)
         q = body.get("q")
         if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(s, str) for s in q))):
@@ -184,6 +206,7 @@ class TranslationService:
         """``{"sentences": [...], "nbest": k, "alignment": bool}`` -> per sentence, in order,
         its k best hypotheses: text, pieces, base-2 score, positional scores (alignment)."""
         body = await _body(request)
+        self.guards.admit(request, body)
         self._check_pair(body, required=False)
         sentences = body.get("sentences")
         if not (isinstance(sentences, list) and all(isinstance(s, str) for s in sentences)):
@@ -211,14 +234,21 @@ class TranslationService:
         return json_answer([{"code": source, "name": source, "targets": [target]}])
 
     async def health(self, request: web.Request) -> web.Response:
-        stream = self.translator.stream
-        status = "failed" if stream.failure else "stopping" if self.stopping else "ok"
-        answer = {"status": status, "queued": stream.queued, "in_flight": stream.in_flight}
-        if stream.failure:  # a load balancer takes it out; the log has the traceback
-            answer["error"] = f"the decoder failed: {stream.failure!r}"
+        translator = self.translator
+        failure = translator.stream.failure
+        status = (
+            "failed" if failure
+            else "restarting" if translator.restarting
+            else "stopping" if self.stopping
+            else "ok"
+        )  # fmt: skip
+        answer = {"status": status, "queued": translator.queued, "in_flight": translator.in_flight}
+        if failure:  # a load balancer takes it out; the log has the traceback
+            answer["error"] = f"the decoder failed: {failure!r}"
         return json_answer(answer, status=200 if status == "ok" else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
+        self.guards.admit_metrics(request)
         response = web.Response(body=self.metrics.exposition())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
@@ -291,7 +321,8 @@ async def serve(
         service.app(max_body_bytes),
         handle_signals=False,
         shutdown_timeout=shutdown_timeout,
-        access_log=None,
+        access_log=None,  # and no request is logged with its key
+        handler_cancellation=True,  # a client that goes away cancels its request's sentences
     )
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 import beamplugin
 from beamplugin.serving.app import TranslationService, serve
 from beamplugin.serving.decoder_process import log_to_stderr
+from beamplugin.serving.guards import Guards, load_api_keys
 from beamplugin.serving.translator import Translator
 
 logger = logging.getLogger("beamplugin.serving.app")
@@ -43,16 +44,55 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
         "--shutdown-timeout", type=float, default=600.0,
         help="seconds a stopping server waits for accepted requests before it gives up on them",
     )  # fmt: skip
+    server.add_argument(
+        "--request-timeout", type=float, metavar="SECONDS",
+        help="a translation not answered by then gets 504 and its sentences are cancelled",
+    )  # fmt: skip
+    guards = parser.add_argument_group("Server guards")
+    guards.add_argument(
+        "--api-keys", metavar="FILE",
+        help="translate only for these keys: KEY or KEY<TAB>REQUESTS_PER_MINUTE a line; given "
+        "as 'api_key' in the body or 'Authorization: Bearer KEY', else 403",
+    )  # fmt: skip
+    guards.add_argument(
+        "--metrics-open", action="store_true", help="/metrics without a key when keys are on"
+    )
+    guards.add_argument(
+        "--req-limit", type=int, metavar="N",
+        help="translation requests a minute per key (per client address without keys), else "
+        "429 with Retry-After",
+    )  # fmt: skip
+    guards.add_argument(
+        "--char-limit", type=int, metavar="N", help="characters a request, else 400"
+    )
     args = options.parse_args_and_arch(parser, argv)
     if args.max_request_sentences is None:
         args.max_request_sentences = min(64, args.max_queued)
     if not 1 <= args.max_request_sentences <= args.max_queued:
         parser.error("--max-request-sentences must be between 1 and --max-queued")
+    for name in ("req_limit", "char_limit", "request_timeout"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
     return args, convert_namespace_to_omegaconf(args)
+
+
+def guards_of(args: argparse.Namespace) -> Guards:
+    """The guards the options ask for (the keys file read now: a bad one stops the start)."""
+    keys = load_api_keys(args.api_keys) if args.api_keys else None
+    return Guards(keys, args.req_limit, args.char_limit, args.metrics_open)
 
 
 def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_args(argv)
+    try:
+        guards = guards_of(args)
+    except (OSError, ValueError) as error:
+        logger.error("--api-keys: %s", error)
+        return 2
+    if guards.keys:  # how many, never which
+        logger.info("%d API keys; /metrics %s", len(guards.keys),
+                    "open" if guards.metrics_open else "needs one")  # fmt: skip
     translator = Translator(cfg, args.max_queued, in_process=False)
     units = ("sentences", "source tokens")
     limits = [f"{n} {unit}" for n, unit in zip(translator.capacity, units, strict=True) if n]
@@ -60,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         "beam %d, at most %s in flight, %d more may wait",
         translator.beam, " and ".join(limits), args.max_queued,
     )  # fmt: skip
-    service = TranslationService(translator, args.max_request_sentences)
+    service = TranslationService(
+        translator, args.max_request_sentences, guards, args.request_timeout
+    )
     asyncio.run(
         serve(service, args.host, args.port, args.max_body_bytes, args.shutdown_timeout)
     )

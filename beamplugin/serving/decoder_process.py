@@ -8,10 +8,16 @@ stream's interface as the server uses it (``submit_together`` returning futures,
 ``in_flight``, ``completed``, ``failure``, ``close``) and counts what it has sent, so a full
 queue is refused in the parent without a round trip.
 
+Cancelling a future in the parent sends "cancel" down the pipe; the child cancels its own future
+of the sentence, which drops it from its stream (see TranslationStream), and answers
+"cancelled". The child also reports its steps (sentences, seconds) and queue waits to the
+parent's ``observer``.
+
 The child ignores SIGTERM and SIGINT (process managers signal the whole group): the parent
 decides when to stop, with ``close``, and the child then finishes every accepted sentence. A
-child that dies (killed, out of memory) fails every sentence it had, and later ones, with
-:class:`~beamplugin.streams.StreamFailed`; one that cannot start raises its error in the parent.
+child that dies (killed, out of memory) fails the sentences it had, and another is started, after
+a backoff that grows while they keep dying; meanwhile submits raise :class:`DecoderRestarting`.
+The first one failing to start raises its error in the parent.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ import pickle
 import signal
 import sys
 import threading
-from concurrent.futures import Future
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +41,13 @@ from torch import Tensor
 
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
-from beamplugin.streams import QueueFull, StreamClosed, StreamFailed, TranslationStream
+from beamplugin.streams import (
+    QueueFull,
+    StreamClosed,
+    StreamFailed,
+    StreamObserver,
+    TranslationStream,
+)
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -42,44 +56,73 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class DecoderProcess:
-    """A TranslationStream decoding in a child process; at most ``max_queued`` sentences wait
-    for room in its engine (beyond that ``submit_together`` raises QueueFull)."""
+class DecoderRestarting(RuntimeError):
+    """The decoder process died and its successor is not ready yet; try again later."""
+
+
+# Seconds before starting another decoder process after one died: doubling with each death in
+# a row (one that lived STEADY_SECONDS starts the series again), so a crashing model is started
+# a few times a minute at most.
+FIRST_BACKOFF, MAX_BACKOFF, STEADY_SECONDS = 1.0, 30.0, 60.0
+
+
+class _Child:
+    """One decoder process and the parent's end of its pipe."""
 
     def __init__(self, cfg: DictConfig, max_queued: int) -> None:
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads
-        self._conn, child_end = context.Pipe()
-        self._process = context.Process(
+        self.conn, child_end = context.Pipe()
+        self.process = context.Process(
             target=_child_main, args=(cfg, max_queued, child_end), name="beamplugin-decoder"
         )
-        self._process.start()
+        self.process.start()
         child_end.close()  # so that the child's end closes when the child exits
         try:
-            kind, payload = self._conn.recv()
+            kind, payload = self.conn.recv()
         except EOFError:
-            self._process.join()
+            self.process.join()
             raise RuntimeError(
-                f"the decoder process exited while starting (exit code {self._process.exitcode})"
+                f"the decoder process exited while starting (exit code {self.process.exitcode})"
             ) from None
         if kind == "failed":
-            self._process.join()
+            self.process.join()
             raise payload
         self.settings: DecoderSettings = payload
+        self.started = time.monotonic()
+
+
+class DecoderProcess:
+    """A TranslationStream decoding in a child process; at most ``max_queued`` sentences wait
+    for room in its engine (beyond that ``submit_together`` raises QueueFull). Cancelling a
+    future cancels its sentence in the child. A child that dies fails the sentences it held
+    and is replaced (with backoff; meanwhile ``restarting``, and submits raise
+    DecoderRestarting); one whose model fails fails everything from then on (``failure``)."""
+
+    def __init__(self, cfg: DictConfig, max_queued: int) -> None:
+        self._cfg = cfg
+        self._child = _Child(cfg, max_queued)  # the first one's errors are the caller's
+        self.settings: DecoderSettings = self._child.settings
         self.max_queued = max_queued
         self._futures: dict[int, Future] = {}  # sent, not answered yet
         self._next_key = 0
-        self._lock = threading.Lock()  # submits against each other and against failure
+        self._lock = threading.Lock()  # submits against each other and against the reader
         self._closed = False
+        self._stop = threading.Event()  # close() during a restart's backoff
         self.in_flight = 0  # as the child last reported it
         self.completed = 0
+        self.cancelled = 0  # futures cancelled before they were resolved
+        self.restarts = 0
+        self.restarting = False
         self.failure: BaseException | None = None
-        self._reader = threading.Thread(target=self._read, name="beamplugin-results", daemon=True)
+        self.observer: StreamObserver | None = None
+        self._reader = threading.Thread(target=self._supervise, name="beamplugin-results",
+                                        daemon=True)  # fmt: skip
         self._reader.start()
 
     @property
     def pid(self) -> int | None:
-        """The decoder process's."""
-        return self._process.pid
+        """The decoder process's (the current one's)."""
+        return self._child.process.pid
 
     @property
     def queued(self) -> int:
@@ -103,14 +146,16 @@ class DecoderProcess:
                 raise QueueFull(f"no room for {len(sentences)} more sentences in the queue")
             keys = range(self._next_key, self._next_key + len(sentences))
             self._next_key += len(sentences)
-            futures = [Future() for _ in sentences]
             try:
-                self._conn.send(("submit", [
+                self._child.conn.send(("submit", [
                     (key, tokens.cpu().numpy()) for key, tokens in zip(keys, sentences, strict=True)
                 ]))  # fmt: skip
-            except OSError as error:  # the child is gone; the reader fails the rest
-                raise StreamFailed(f"the decoder process is gone: {error!r}") from error
-            self._futures.update(zip(keys, futures, strict=True))
+            except OSError:  # the child is gone; the reader fails the rest and restarts it
+                raise DecoderRestarting("the decoder process is gone; restarting") from None
+            futures = [Future() for _ in sentences]
+            for key, future in zip(keys, futures, strict=True):
+                future.add_done_callback(lambda f, key=key: self._resolved(key, f))
+                self._futures[key] = future
         return futures
 
     def _check_open(self) -> None:
@@ -118,37 +163,94 @@ class DecoderProcess:
             raise StreamFailed(f"the decoder failed: {self.failure!r}") from self.failure
         if self._closed:
             raise StreamClosed("the stream is closed")
+        if self.restarting:
+            raise DecoderRestarting("the decoder process is restarting")
 
-    def _read(self) -> None:
-        """Resolve futures as the child's answers come; on the child's end, fail what is left."""
+    def _resolved(self, key: int, future: Future) -> None:
+        """In whichever thread resolves or cancels ``future``: a cancellation goes to the
+        child, which answers "cancelled" (or the result, if it was quicker)."""
+        if not future.cancelled():
+            return
+        with self._lock:
+            self.cancelled += 1
+            try:
+                self._child.conn.send(("cancel", [key]))
+            except OSError:
+                pass  # the child is gone, and the sentence with it
+
+    def _supervise(self) -> None:
+        """Read the child's answers; when it dies, fail what it held and start another."""
+        backoff = FIRST_BACKOFF
+        while True:
+            child = self._child
+            self._read(child)
+            child.process.join()
+            died = RuntimeError(f"the decoder process ended (exit code {child.process.exitcode})")
+            with self._lock:
+                futures, self._futures = list(self._futures.values()), {}
+                self.in_flight = 0
+                stopping = self._closed or self.failure is not None
+                if self._closed and futures and self.failure is None:
+                    self.failure = died  # it died while finishing: the server says so
+                self.restarting = not stopping
+            _fail(futures, died)
+            if stopping:
+                return
+            if time.monotonic() - child.started > STEADY_SECONDS:
+                backoff = FIRST_BACKOFF
+            logger.error("%s; another starts in %.0f s", died, backoff)
+            while not self._stop.wait(backoff):
+                backoff = min(2 * backoff, MAX_BACKOFF)
+                try:
+                    replacement = _Child(self._cfg, self.max_queued)
+                except Exception:
+                    logger.exception("the decoder process did not start; again in %.0f s",
+                                     backoff)  # fmt: skip
+                    continue
+                with self._lock:
+                    self._child, self.restarting = replacement, False
+                    self.restarts += 1
+                logger.info("a new decoder process (pid %d) is ready", replacement.process.pid)
+                break
+            else:
+                with self._lock:
+                    self.restarting = False
+                return
+
+    def _read(self, child: _Child) -> None:
+        """Resolve futures as ``child``'s answers come, until it ends."""
         while True:
             try:
-                message = self._conn.recv()
+                message = child.conn.recv()
             except (EOFError, OSError):
-                break
-            if message[0] == "closed":
                 return
-            kind, key, payload, in_flight, failed = message
+            kind = message[0]
+            if kind == "closed":
+                return
+            if kind == "stats":
+                _, steps, waits, in_flight = message
+                self.in_flight = in_flight
+                if self.observer is not None:
+                    for sentences, seconds in steps:
+                        self.observer.stepped(sentences, seconds)
+                    if waits:
+                        self.observer.waited(waits)
+                continue
+            _, key, payload, in_flight, failed = message
             with self._lock:
                 future = self._futures.pop(key)
                 self.in_flight = in_flight
-                self.completed += 1
+                if kind != "cancelled":
+                    self.completed += 1
                 if failed and self.failure is None:
                     self.failure = payload
-            if kind == "done":
-                future.set_result([_tensors(h) for h in payload])
-            else:
-                future.set_exception(payload)
-        self._process.join()
-        self._fail(RuntimeError(f"the decoder process ended (exit code {self._process.exitcode})"))
-
-    def _fail(self, error: BaseException) -> None:
-        with self._lock:
-            if self.failure is None:
-                self.failure = error
-            futures, self._futures = list(self._futures.values()), {}
-        for future in futures:
-            future.set_exception(self.failure)
+            try:
+                if kind == "done":
+                    future.set_result([_tensors(h) for h in payload])
+                elif kind == "error":
+                    future.set_exception(payload)
+            except InvalidStateError:  # cancelled here before the child heard of it
+                pass
 
     def close(self, timeout: float | None = None) -> None:
         """Take no more sentences; return when those accepted are decoded and the child has
@@ -156,12 +258,21 @@ class DecoderProcess:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self._stop.set()
                 try:
-                    self._conn.send(("close",))
+                    self._child.conn.send(("close",))
                 except OSError:
                     pass  # already gone: the reader has failed what it had
         self._reader.join(timeout)
-        self._process.join(timeout)
+        self._child.process.join(timeout)
+
+
+def _fail(futures: list[Future], error: BaseException) -> None:
+    for future in futures:
+        try:
+            future.set_exception(error)
+        except InvalidStateError:  # cancelled meanwhile
+            pass
 
 
 def log_to_stderr() -> None:
@@ -186,16 +297,17 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
         utils.import_user_module(cfg.common)  # models and tasks of any other --user-dir
         generator, settings = load_decoder(cfg)
         # As large as the parent lets sentences be outstanding (the queue and at most the
-        # engine's capacity: sentences, or fewer than its tokens): it never blocks the relay,
-        # which would stop reading while the parent waits to send.
-        room = max_queued + (settings.max_sentences or settings.max_tokens)
+        # engine's capacity: sentences, or fewer than its tokens), and a queue more for those
+        # cancelled, which the parent stops counting while they still wait here to be dropped:
+        # it never blocks the relay, which would stop reading while the parent waits to send.
+        room = 2 * max_queued + (settings.max_sentences or settings.max_tokens)
         stream = settings.stream(generator, room)
     except BaseException as error:
         conn.send(("failed", _picklable(error)))
         return
     # Everything alive now lives as long as the process: out of the cyclic garbage collector's
-    # reach, its full collections walk only what decoding makes (demo model: 6-8 ms instead of
-    # 130-140 ms, during which no sentence in flight advances).
+    # reach, its full collections walk only what decoding makes, not the whole of fairseq, torch
+    # and the model, during which no sentence in flight advances (docs/speed.md).
     gc.collect()
     gc.freeze()
     conn.send(("ready", settings))
@@ -204,9 +316,11 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
 
 def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> None:
     """Decode on ``stream`` (on ``device``) the sentences that come through ``conn``; send
-    back each result as it is ready; on ``("close",)`` (or the parent's end closing), finish
-    what was accepted, answer it, then say so."""
+    back each result as it is ready, "cancelled" for each one cancelled, and the steps' figures
+    now and then; on ``("close",)`` (or the parent's end closing), finish what was accepted,
+    answer it, then say so."""
     send_lock = threading.Lock()  # answers are sent from the stream's decoder thread
+    pending: dict[int, Future] = {}  # by the parent's key, until answered
 
     def send(message: tuple) -> None:
         with send_lock:
@@ -216,14 +330,17 @@ def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> 
                 pass  # the parent is gone: nobody to answer
 
     def answer(key: int, future: Future) -> None:
-        error = future.exception()
+        pending.pop(key, None)
         failed = stream.failure is not None
-        if error is None:
+        if future.cancelled():
+            send(("cancelled", key, None, stream.in_flight, False))
+        elif future.exception() is None:
             payload = [_arrays(h) for h in future.result()]
             send(("done", key, payload, stream.in_flight, failed))
         else:
-            send(("error", key, _picklable(error), stream.in_flight, failed))
+            send(("error", key, _picklable(future.exception()), stream.in_flight, failed))
 
+    stream.observer = _StatsRelay(stream, send)
     while True:
         try:
             message = conn.recv()
@@ -231,15 +348,48 @@ def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> 
             break
         if message[0] == "close":
             break
+        if message[0] == "cancel":
+            for key in message[1]:
+                future = pending.get(key)
+                if future is not None:
+                    future.cancel()  # answer() tells the parent
+            continue
         for key, tokens in message[1]:
             try:
                 future = stream.submit(torch.from_numpy(tokens).to(device))
             except StreamClosed as refused:  # the decoder failed earlier
                 send(("error", key, _picklable(refused), stream.in_flight, True))
                 continue
+            pending[key] = future  # before the callback, which may run at once
             future.add_done_callback(lambda f, key=key: answer(key, f))
     stream.close()
     send(("closed",))
+
+
+# Seconds between the child's reports of its steps (each also sent when the engine empties).
+STATS_INTERVAL = 0.1
+
+
+class _StatsRelay:
+    """The child stream's observer: its steps and queue waits, sent to the parent in batches,
+    with the sentences in flight after them."""
+
+    def __init__(self, stream: TranslationStream, send: Callable[[tuple], None]) -> None:
+        self._stream, self._send = stream, send
+        self._steps: list[tuple[int, float]] = []
+        self._waits: list[float] = []
+        self._sent = 0.0
+
+    def stepped(self, sentences: int, seconds: float) -> None:
+        self._steps.append((sentences, seconds))
+        now = time.monotonic()
+        in_flight = self._stream.in_flight
+        if now - self._sent >= STATS_INTERVAL or not in_flight:
+            self._send(("stats", self._steps, self._waits, in_flight))
+            self._steps, self._waits, self._sent = [], [], now
+
+    def waited(self, seconds: list[float]) -> None:
+        self._waits.extend(seconds)
 
 
 def _arrays(hypothesis: Hypothesis) -> dict[str, Any]:

@@ -5,8 +5,8 @@ this process or in a process of its own
 (:class:`~beamplugin.serving.decoder_process.DecoderProcess`).
 
 Thread-agnostic: ``encode`` and ``submit`` may be called from any thread, the futures resolve in
-a thread of the stream, ``render`` turns their hypotheses into what fairseq-interactive prints
-(its ``D-`` text, base-2 scores, ``A-`` alignment).
+a thread of the stream (cancelling one cancels its sentence), ``render`` turns their hypotheses
+into what fairseq-interactive prints (its ``D-`` text, base-2 scores, ``A-`` alignment).
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.decoder_process import DecoderProcess
 from beamplugin.serving.loading import decoding_device, load_decoder
-from beamplugin.streams import TranslationStream
+from beamplugin.streams import StreamObserver, TranslationStream
 
 logger = logging.getLogger(__name__)
+
 
 class RefusedSentence(ValueError):
     """Sentence ``index`` of a request cannot be translated; ``reason`` says why."""
@@ -102,11 +103,39 @@ class Translator:
         too few places free, none (``QueueFull``)."""
         return self.stream.submit_together(sources)
 
+    def observe(self, observer: StreamObserver) -> None:
+        """Report the decoder's steps and queue waits to ``observer`` from now on."""
+        self.stream.observer = observer
+
+    @property
+    def queued(self) -> int:
+        """Sentences accepted and not in flight yet."""
+        return self.stream.queued
+
+    @property
+    def in_flight(self) -> int:
+        return self.stream.in_flight
+
+    @property
+    def cancelled(self) -> int:
+        """Sentences cancelled before they were answered."""
+        return self.stream.cancelled
+
+    @property
+    def restarts(self) -> int:
+        """Decoder processes started to replace one that died."""
+        return self.stream.restarts if isinstance(self.stream, DecoderProcess) else 0
+
+    @property
+    def restarting(self) -> bool:
+        """A decoder process died and the next one is not ready yet."""
+        return isinstance(self.stream, DecoderProcess) and self.stream.restarting
+
     def render(self, source: torch.Tensor, hypotheses: list[Hypothesis]) -> list[Translation]:
         """``hypotheses`` of ``source`` as fairseq-interactive post-processes and prints them."""
         post_process = self.cfg.common_eval.post_process
-        # Token lists, not tensors: Dictionary.string reads a tensor element by element (~1 ms
-        # a sentence). The source text only serves --replace-unk.
+        # Token lists, not tensors: Dictionary.string reads a tensor element by element, slowly
+        # (docs/speed.md). The source text only serves --replace-unk.
         src_str = ""
         if self.align_dict is not None:
             src_str = self.src_dict.string(source.tolist(), post_process)

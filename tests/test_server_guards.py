@@ -1,0 +1,272 @@
+"""beamplugin-serve's guards for real, on 127.0.0.1: API keys (403), requests per minute per key
+(429 with Retry-After, other keys unaffected), the character limit (400), abandoned requests
+cancelled (a client gone, a request timed out: 504), and the other clients' translations
+unchanged throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from fairseq_tools import sentencepiece_toy_model
+from server_tools import LINES, Server, metric, model_options, status_and_json, talk_to_app
+
+KEYS = {"alpha": None, "beta": None, "gamma": 3}  # gamma: 3 requests a minute of its own
+CHAR_LIMIT = 8000  # above the 256 sentences of the cancellation test
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict[str, Path]:
+    return sentencepiece_toy_model(tmp_path_factory.mktemp("guards"))
+
+
+@pytest.fixture(scope="module")
+def offline(toy) -> list[str]:
+    """The best translation of each of LINES, each decoded alone in this process."""
+    from beamplugin.serving.cli import parse_args
+    from beamplugin.serving.translator import Translator
+
+    _, cfg = parse_args(model_options(toy))
+    translator = Translator(cfg, 8)
+    try:
+        texts = []
+        for source in translator.encode(LINES):
+            [future] = translator.submit([source])
+            texts.append(translator.render(source, future.result(60))[0].text)
+    finally:
+        translator.close()
+    return texts
+
+
+@pytest.fixture(scope="module")
+def guarded(toy, tmp_path_factory):
+    """Keys on, 50 requests a minute by default, one sentence in flight at a time (so that a
+    large request takes a while), room for large requests."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text("# one key a line\n" + "".join(
+        f"{key}\t{limit}\n" if limit else f"{key}\n" for key, limit in KEYS.items()
+    ))  # fmt: skip
+    server = Server(model_options(toy) + [
+        "--api-keys", str(keys), "--req-limit", "50", "--char-limit", str(CHAR_LIMIT),
+        "--batch-size", "1", "--max-queued", "512", "--max-request-sentences", "256",
+    ])  # fmt: skip
+    yield server
+    assert server.stop() == 0
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def run(scenario, limit: float = 120):
+    return asyncio.run(asyncio.wait_for(scenario, limit))
+
+
+def test_api_keys_are_required_and_never_logged(guarded, offline):
+    url = guarded.url
+
+    async def scenario() -> dict:
+        async with aiohttp.ClientSession() as session:
+            v1 = url + "/v1/translate"
+            libre = url + "/translate"
+            one = {"sentences": [LINES[0]]}
+            seen = {
+                "none": await status_and_json(session.post(v1, json=one)),
+                "wrong": await status_and_json(session.post(v1, json={**one, "api_key": "alph"})),
+                "wrong bearer": await status_and_json(
+                    session.post(v1, json=one, headers=bearer("alpha2"))
+                ),
+                "json": await status_and_json(session.post(v1, json={**one, "api_key": "alpha"})),
+                "bearer": await status_and_json(session.post(v1, json=one, headers=bearer("beta"))),
+                "form": await status_and_json(session.post(libre, data={
+                    "q": LINES[1], "source": "de", "target": "en", "api_key": "beta",
+                })),  # fmt: skip
+                "health": await status_and_json(session.get(url + "/health")),
+            }
+            async with session.get(url + "/metrics") as response:
+                seen["metrics without a key"] = response.status
+            async with session.get(url + "/metrics", headers=bearer("alpha")) as response:
+                seen["metrics"] = response.status, await response.text()
+            return seen
+
+    seen = run(scenario())
+    for case in ("none", "wrong", "wrong bearer"):
+        status, answer = seen[case]
+        assert status == 403 and "key" in answer["error"], (case, seen[case])
+    assert seen["none"][1]["error"].startswith("an API key is required")
+    assert seen["wrong"][1] == {"error": "invalid API key"}
+    for case in ("json", "bearer"):
+        status, answer = seen[case]
+        assert status == 200, (case, answer)
+        assert answer["translations"][0]["hypotheses"][0]["text"] == offline[0]
+    assert seen["form"] == (200, {"translatedText": offline[1]})
+    assert seen["health"][0] == 200
+    assert seen["metrics without a key"] == 403
+    status, text = seen["metrics"]
+    assert status == 200
+    assert metric(text, 'beamplugin_requests_rejected_total{reason="api_key"}') >= 3
+    log = "".join(guarded.log)
+    assert "3 API keys" in log
+    assert not any(key in log for key in ("alpha", "beta", "gamma", "alph")), log
+
+
+def test_a_key_over_its_request_limit_gets_429_and_other_keys_do_not(guarded, offline):
+    url = guarded.url
+
+    async def scenario() -> list:
+        async with aiohttp.ClientSession() as session:
+            async def libre(key: str) -> tuple[int, dict, str | None]:
+                body = {"q": LINES[2], "source": "de", "target": "en", "api_key": key}
+                async with session.post(url + "/translate", json=body) as response:
+                    return (response.status, await response.json(),
+                            response.headers.get("Retry-After"))  # fmt: skip
+
+            return [await libre("gamma") for _ in range(4)] + [await libre("alpha")]
+
+    *gamma, alpha = run(scenario())
+    assert [status for status, _, _ in gamma] == [200, 200, 200, 429], gamma
+    assert all(answer == {"translatedText": offline[2]} for _, answer, _ in gamma[:3])
+    status, answer, retry_after = gamma[3]
+    assert "at most 3 a minute" in answer["error"]
+    assert retry_after is not None and 1 <= int(retry_after) <= 60
+    assert alpha[:2] == (200, {"translatedText": offline[2]})
+
+
+def test_a_request_over_the_character_limit_gets_400_naming_it(guarded):
+    over = [LINES[3], "x" * (CHAR_LIMIT - len(LINES[3]) + 1)]
+    status, answer = run(_post(guarded.url, {"sentences": over, "api_key": "alpha"}))
+    assert status == 400, answer
+    assert answer["error"] == (
+        f"{CHAR_LIMIT + 1} characters: over the character limit of {CHAR_LIMIT} per request"
+    )
+    status, _ = run(_post(guarded.url, {"sentences": over[:1], "api_key": "alpha"}))
+    assert status == 200
+
+
+async def _post(url: str, body: dict) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session:
+        return await status_and_json(session.post(url + "/v1/translate", json=body))
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, dict | str]:
+    async with session.get(url, headers=bearer("alpha")) as response:
+        if response.content_type == "application/json":
+            return response.status, await response.json()
+        return response.status, await response.text()
+
+
+def test_a_client_gone_has_its_sentences_cancelled_in_the_decoder_process(guarded, offline):
+    """256 sentences, one in flight at a time in the decoder process: the client goes away
+    once they are decoding, and the server drops what is left within a second or two, while
+    another client's request, sent meanwhile, gets its translations."""
+    url = guarded.url
+    big = {"sentences": (LINES * 11)[:256], "api_key": "beta"}
+
+    async def scenario() -> tuple[float, dict, tuple[int, dict]]:
+        async with aiohttp.ClientSession() as session:
+            _, before = await _get(session, url + "/metrics")
+            abandoned = asyncio.create_task(_post(url, big))
+            while True:
+                status, health = await _get(session, url + "/health")
+                if health["queued"] + health["in_flight"]:  # sent to the decoder process
+                    break
+                assert not abandoned.done(), abandoned.result()
+                await asyncio.sleep(0.005)
+            other = asyncio.create_task(_post(url, {"sentences": LINES[:6], "api_key": "beta"}))
+            await asyncio.sleep(0.05)
+            abandoned.cancel()  # its connection closes
+            gone = time.monotonic()
+            while True:
+                status, health = await _get(session, url + "/health")
+                if not health["queued"] + health["in_flight"]:
+                    break
+                assert time.monotonic() - gone < 30, health
+                await asyncio.sleep(0.01)
+            idle_after = time.monotonic() - gone
+            answer = await other
+            _, after = await _get(session, url + "/metrics")
+            return idle_after, {"before": before, "after": after}, answer
+
+    idle_after, metrics, other = run(scenario())
+    status, answer = other
+    assert status == 200
+    assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == offline[:6]
+    cancelled = metric(metrics["after"], "beamplugin_sentences_cancelled_total") - metric(
+        metrics["before"], "beamplugin_sentences_cancelled_total"
+    )
+    # one at a time: a few were decoded before it went, the rest never were
+    assert 200 <= cancelled <= 256, cancelled
+    assert idle_after < 5, idle_after
+    assert metric(metrics["after"], 'beamplugin_requests_total{endpoint="/v1/translate",'
+                                    'status="499"}') >= 1  # fmt: skip
+
+
+def slow_translator(toy: dict[str, Path], delay: float):
+    """A translator decoding in this process, two sentences at a time, whose every decoder
+    step takes ``delay`` seconds more."""
+    from beamplugin.serving.cli import parse_args
+    from beamplugin.serving.translator import Translator
+
+    _, cfg = parse_args(model_options(toy) + ["--batch-size", "2"])
+    translator = Translator(cfg, 64)
+    model = translator.generator.model
+    decode_step = model.decode_step
+
+    def slow(*args, **kwargs):
+        time.sleep(delay)
+        return decode_step(*args, **kwargs)
+
+    model.decode_step = slow
+    return translator
+
+
+def test_a_client_gone_leaves_the_engine_within_a_few_steps(toy, offline):
+    """Two clients; one goes away while its sentences are in flight and waiting: they are
+    dropped, the engine goes on with the other's alone within two steps and is idle once that
+    one is answered, with the same translations as offline."""
+    translator = slow_translator(toy, 0.02)
+    engine = translator.stream.engine
+
+    async def talk(session: aiohttp.ClientSession, url: str) -> tuple:
+        gone_task = asyncio.create_task(_post(url, {"sentences": LINES[:8]}))
+        while not engine.live:
+            await asyncio.sleep(0.001)
+        stays = asyncio.create_task(_post(url, {"sentences": LINES[8:10]}))
+        while translator.queued < 8:  # both requests accepted, two of the first in flight
+            await asyncio.sleep(0.001)
+        gone_task.cancel()  # its connection closes
+        steps = engine.steps
+        while any(s.key.cancelled() for s in list(engine.live)) or translator.cancelled < 8:
+            await asyncio.sleep(0.001)
+        steps_to_leave = engine.steps - steps
+        return steps_to_leave, await stays
+
+    steps_to_leave, (status, answer) = talk_to_app(translator, talk)
+    assert steps_to_leave <= 2, steps_to_leave
+    assert status == 200
+    assert [t["hypotheses"][0]["text"] for t in answer["translations"]] == offline[8:10]
+    assert translator.cancelled == 8 and translator.stream.engine.cancelled == 8
+    assert engine.idle
+
+
+def test_a_request_not_answered_in_time_gets_504_and_is_cancelled(toy):
+    translator = slow_translator(toy, 0.1)  # 0.2 s: two steps, too few for any translation
+    engine = translator.stream.engine
+
+    async def talk(session: aiohttp.ClientSession, url: str) -> tuple:
+        answer = await _post(url, {"sentences": LINES[:6]})
+        started = time.monotonic()
+        while not engine.idle:
+            assert time.monotonic() - started < 5
+            await asyncio.sleep(0.005)
+        async with session.get(url + "/metrics") as response:
+            return answer, engine.steps, await response.text()
+
+    (status, answer), steps, metrics = talk_to_app(translator, talk, request_timeout=0.2)
+    assert status == 504 and "request timeout of 0.2 s" in answer["error"], answer
+    assert steps <= 4, steps  # the other four sentences never went in
+    assert metric(metrics, "beamplugin_sentences_cancelled_total") == 6
+    assert metric(metrics, 'beamplugin_requests_rejected_total{reason="timeout"}') == 1
