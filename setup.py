@@ -32,7 +32,7 @@ setup(
     description=__doc__,
     packages=find_packages(include=["beamplugin", "beamplugin.*"]),
     python_requires=">=3.11",
-    package_data={"beamplugin.serving": ["page.html"]},
+    package_data={"beamplugin.serving": ["page.html", "docs.html"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "dev": [

@@ -10,11 +10,14 @@ import time
 from pathlib import Path
 
 import aiohttp
+import jsonschema
 import pytest
 from fairseq_tools import sentencepiece_toy_model
+from openapi_spec_validator import validate
 from server_tools import LINES, Server, metric, model_options, status_and_json, talk_to_app
 
-KEYS = {"alpha": None, "beta": None, "gamma": 3}  # gamma: 3 requests a minute of its own
+# gamma: 3 requests a minute of its own, delta 1 (the spec test's 429)
+KEYS = {"alpha": None, "beta": None, "gamma": 3, "delta": 1}
 CHAR_LIMIT = 8000  # above the 256 sentences of the cancellation test
 
 
@@ -109,8 +112,8 @@ def test_api_keys_are_required_and_never_logged(guarded, offline):
     assert status == 200
     assert metric(text, 'beamplugin_requests_rejected_total{reason="api_key"}') >= 3
     log = "".join(guarded.log)
-    assert "3 API keys" in log
-    assert not any(key in log for key in ("alpha", "beta", "gamma", "alph")), log
+    assert f"{len(KEYS)} API keys" in log
+    assert not any(key in log for key in [*KEYS, "alph"]), log
 
 
 def test_a_key_over_its_request_limit_gets_429_and_other_keys_do_not(guarded, offline):
@@ -257,16 +260,89 @@ def test_a_request_not_answered_in_time_gets_504_and_is_cancelled(toy):
     engine = translator.stream.engine
 
     async def talk(session: aiohttp.ClientSession, url: str) -> tuple:
-        answer = await _post(url, {"sentences": LINES[:6]})
+        answer = await _answer(session.post(url + "/v1/translate",
+                                            json={"sentences": LINES[:6]}))  # fmt: skip
         started = time.monotonic()
         while not engine.idle:
             assert time.monotonic() - started < 5
             await asyncio.sleep(0.005)
+        spec = await (await session.get(url + "/spec")).json()
         async with session.get(url + "/metrics") as response:
-            return answer, engine.steps, await response.text()
+            return answer, spec, engine.steps, await response.text()
 
-    (status, answer), steps, metrics = talk_to_app(translator, talk, request_timeout=0.2)
-    assert status == 504 and "request timeout of 0.2 s" in answer["error"], answer
+    answer, spec, steps, metrics = talk_to_app(translator, talk, request_timeout=0.2)
+    status, _, body = answer
+    assert status == 504 and "request timeout of 0.2 s" in body["error"], answer
+    check_against_spec(spec, "post", "/v1/translate", answer)
     assert steps <= 4, steps  # the other four sentences never went in
     assert metric(metrics, "beamplugin_sentences_cancelled_total") == 6
     assert metric(metrics, 'beamplugin_requests_rejected_total{reason="timeout"}') == 1
+
+
+def check_against_spec(spec: dict, method: str, path: str, answer: tuple) -> None:
+    """``answer`` (status, content type, body: parsed JSON or text) is one the spec declares
+    for ``method`` ``path``, with a body of its schema."""
+    status, content_type, body = answer
+    declared = spec["paths"][path][method]["responses"]
+    assert str(status) in declared, (method, path, status, body)
+    content = declared[str(status)]["content"]
+    assert content_type in content, (method, path, status, content_type)
+    # the schema with the spec's components beside it, so that its references resolve
+    schema = {"allOf": [content[content_type]["schema"]], "components": spec["components"]}
+    jsonschema.Draft202012Validator(schema).validate(body)
+
+
+async def _answer(request) -> tuple[int, str, object]:
+    async with request as response:
+        if response.content_type == "application/json":
+            return response.status, response.content_type, await response.json()
+        return response.status, response.content_type, await response.text()
+
+
+def test_spec_is_valid_openapi_and_describes_every_answer(guarded):
+    """/spec is valid OpenAPI 3.1, and the real answers of every endpoint, errors included,
+    are ones it declares, with bodies of its schemas; /docs is a page of this server only."""
+    url = guarded.url
+
+    async def scenario() -> tuple[dict, list]:
+        async with aiohttp.ClientSession() as session:
+            spec = await (await session.get(url + "/spec")).json()
+            key = {"api_key": "alpha"}
+            libre = {"q": LINES[0], "source": "de", "target": "en", **key}
+            v1 = url + "/v1/translate"
+            answers = [
+                ("post", "/translate", session.post(url + "/translate", json=libre)),
+                ("post", "/translate", session.post(url + "/translate", json={
+                    **libre, "q": LINES[:2], "alternatives": 1, "source": "auto"})),
+                ("post", "/translate", session.post(url + "/translate", json={**libre, "q": 3})),
+                ("post", "/v1/translate", session.post(v1, json={
+                    "sentences": LINES[:2], "nbest": 2, "alignment": True, **key})),
+                ("post", "/v1/translate", session.post(v1, json={"sentences": LINES[:1]})),
+                ("post", "/v1/translate", session.post(v1, data="{", headers={
+                    "Content-Type": "application/json", **bearer("alpha")})),
+                ("post", "/v1/translate", session.post(v1, data="x", headers={
+                    "Content-Type": "text/plain", **bearer("alpha")})),
+                ("post", "/v1/translate", session.post(v1, json={"sentences": [LINES[0]],
+                                                                 "api_key": "delta"})),
+                ("post", "/v1/translate", session.post(v1, json={"sentences": [LINES[0]],
+                                                                 "api_key": "delta"})),
+                ("get", "/languages", session.get(url + "/languages")),
+                ("get", "/health", session.get(url + "/health")),
+                ("get", "/metrics", session.get(url + "/metrics")),
+                ("get", "/metrics", session.get(url + "/metrics", headers=bearer("beta"))),
+                ("get", "/spec", session.get(url + "/spec")),
+                ("get", "/docs", session.get(url + "/docs")),
+                ("get", "/", session.get(url + "/")),
+            ]  # fmt: skip
+            return spec, [(method, path, await _answer(r)) for method, path, r in answers]
+
+    spec, answers = run(scenario())
+    validate(spec)
+    statuses = [answer[0] for _, _, answer in answers]
+    assert statuses == [200, 200, 400, 200, 403, 400, 415, 200, 429, 200, 200, 403, 200, 200,
+                        200, 200], answers  # fmt: skip
+    for method, path, answer in answers:
+        check_against_spec(spec, method, path, answer)
+    assert {path for _, path, _ in answers} == set(spec["paths"])
+    docs = answers[-2][2][2]
+    assert "/spec" in docs and not any(f'{a}="http' in docs for a in ("src", "href")), docs

@@ -9,7 +9,8 @@ fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
 Endpoints: ``POST /translate`` (LibreTranslate's API), ``POST /v1/translate`` (n-best lists
 with scores and alignments), ``GET /languages`` (LibreTranslate's), ``GET /health``,
-``GET /metrics`` (Prometheus) and ``GET /`` (a page to try it). Bad input is answered with a
+``GET /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET
+/docs`` (it, readable) and ``GET /`` (a page to try it). Bad input is answered with a
 status and ``{"error": "..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body
 neither JSON nor a form, 503 with Retry-After when the queue has no room. Guards
 (beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
@@ -37,12 +38,14 @@ from beamplugin.serving.decoder_process import DecoderRestarting
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.metrics import ServerMetrics
 from beamplugin.serving.responses import Refused, json_answer
+from beamplugin.serving.spec import SpecSettings, openapi
 from beamplugin.serving.translator import RefusedSentence, Translation, Translator
 from beamplugin.streams import QueueFull, StreamClosed, StreamFailed
 
 logger = logging.getLogger("beamplugin.serving.app")
 
 PAGE = Path(__file__).with_name("page.html")
+DOCS = Path(__file__).with_name("docs.html")
 RETRY_AFTER_SECONDS = 1
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 
@@ -66,12 +69,19 @@ class TranslationService:
         translator.observe(self.metrics)
         self.stopping = False
         self.languages = translator.source_lang, translator.target_lang
+        self.spec = openapi(SpecSettings(
+            *self.languages, translator.beam, translator.nbest, max_request_sentences,
+            keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
+            char_limit=self.guards.char_limit, aligns=translator.aligns,
+        ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
         app = web.Application(client_max_size=max_body_bytes, middlewares=[self._answer_errors])
         app.router.add_get("/", self.page)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_get("/spec", self.openapi)
+        app.router.add_get("/docs", self.docs)
         app.router.add_get("/languages", self.libre_languages)
         app.router.add_post("/translate", self.libre_translate)
         app.router.add_post("/v1/translate", self.translate_nbest)
@@ -252,6 +262,12 @@ class TranslationService:
         response = web.Response(body=self.metrics.exposition())
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return json_answer(self.spec)
+
+    async def docs(self, request: web.Request) -> web.Response:
+        return web.Response(text=DOCS.read_text(), content_type="text/html")
 
     async def page(self, request: web.Request) -> web.Response:
         settings = {

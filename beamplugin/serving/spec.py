@@ -1,0 +1,269 @@
+"""The server's OpenAPI 3.1 description (``GET /spec``): every endpoint with its request, its
+answers and its errors, for one server's settings (language pair, beam, limits, keys).
+
+Written out by hand rather than generated from the handlers: the handlers read loosely typed
+bodies (JSON or a form, LibreTranslate's ``q`` a string or a list), which a schema states more
+plainly than decorators would; the tests check every answer of a real server against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ERROR = {"$ref": "#/components/schemas/Error"}
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """What the description says of one server."""
+
+    source: str
+    target: str
+    beam: int
+    nbest: int
+    max_request_sentences: int
+    keys: bool  # API keys required
+    metrics_open: bool
+    char_limit: int | None
+    aligns: bool
+
+
+def openapi(settings: SpecSettings) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of a server with ``settings``."""
+    s = settings
+    translation_errors = _errors(
+        (400, "Bad input: the message says what (no sentence of the request is queued)"
+         + (f"; also more than {s.char_limit} characters in all" if s.char_limit else "")),
+        (403, "No API key, or an unknown one") if s.keys else None,
+        (413, "The body is larger than --max-body-bytes"),
+        (415, "The body is neither JSON nor a URL-encoded form"),
+        (429, "Over the key's (or the client address's) requests per minute", True),
+        (500, "The model failed"),
+        (503, "The queue has no room, the server is stopping, or its decoder process is "
+              "restarting", True),
+        (504, "Not translated within --request-timeout; the request's sentences are cancelled"),
+    )  # fmt: skip
+    security = [{"bearer": []}, {}] if s.keys else []
+    libre_request = {
+        "type": "object",
+        "required": ["q", "source", "target"],
+        "properties": {
+            "q": {
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"},
+                     "minItems": 1, "maxItems": s.max_request_sentences},
+                ],  # fmt: skip
+                "description": "a line, or a list of lines, to translate",
+            },
+            "source": {"type": "string", "enum": [s.source, "auto"]},
+            "target": {"type": "string", "enum": [s.target]},
+            "format": {"type": "string", "enum": ["text"], "default": "text"},
+            "alternatives": {
+                "type": "integer", "minimum": 0, "maximum": s.beam - 1, "default": 0,
+                "description": "more translations of each line, from its n-best list",
+            },  # fmt: skip
+            "api_key": {"type": "string"},
+        },
+    }
+    v1_request = {
+        "type": "object",
+        "required": ["sentences"],
+        "properties": {
+            "sentences": {"type": "array", "items": {"type": "string"},
+                          "minItems": 1, "maxItems": s.max_request_sentences},  # fmt: skip
+            "nbest": {"type": "integer", "minimum": 1, "maximum": s.beam, "default": s.nbest},
+            "alignment": {
+                "type": "boolean", "default": False,
+                "description": "the A- alignment of each hypothesis"
+                + ("" if s.aligns else " (this server runs without --print-alignment: 400)"),
+            },  # fmt: skip
+            "source": {"type": "string", "enum": [s.source, "auto"]},
+            "target": {"type": "string", "enum": [s.target]},
+            "api_key": {"type": "string"},
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "beamplugin-serve",
+            "version": "1",
+            "description": (
+                f"Translation {s.source} to {s.target} with fairseq models and beam search "
+                f"(beam {s.beam}); each translation is what fairseq-interactive prints for the "
+                "line. Errors are answered as {\"error\": \"...\"}."
+                + (" Translation requests need an API key: 'api_key' in the body or "
+                   "'Authorization: Bearer KEY'." if s.keys else "")
+            ),  # fmt: skip
+        },
+        "paths": {
+            "/translate": {"post": {
+                "summary": "Translate (LibreTranslate's API)",
+                "security": security,
+                "requestBody": _body(libre_request),
+                "responses": {
+                    "200": _json("The translations", {"$ref": "#/components/schemas/Libre"}),
+                    **translation_errors,
+                },
+            }},  # fmt: skip
+            "/v1/translate": {"post": {
+                "summary": "Translate, with n-best lists, scores and alignments",
+                "security": security,
+                "requestBody": _body(v1_request),
+                "responses": {
+                    "200": _json("Per sentence, in order, its best hypotheses",
+                                 {"$ref": "#/components/schemas/NBest"}),
+                    **translation_errors,
+                },  # fmt: skip
+            }},
+            "/languages": {"get": {
+                "summary": "The language pair (LibreTranslate's)",
+                "responses": {"200": _json("One source language and its target", {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["code", "name", "targets"],
+                        "properties": {
+                            "code": {"type": "string"}, "name": {"type": "string"},
+                            "targets": {"type": "array", "items": {"type": "string"}},
+                        },
+                    },
+                })},
+            }},  # fmt: skip
+            "/health": {"get": {
+                "summary": "Whether the server translates (open, for load balancers)",
+                "responses": {
+                    "200": _json("It translates", {"$ref": "#/components/schemas/Health"}),
+                    "503": _json("It does not: failed, restarting its decoder, or stopping",
+                                 {"$ref": "#/components/schemas/Health"}),
+                },
+            }},  # fmt: skip
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics",
+                "security": [] if s.metrics_open else security,
+                "responses": {
+                    "200": {"description": "Prometheus' text format",
+                            "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    **_errors(None if s.metrics_open else (403, "No API key, or an unknown one")),
+                },
+            }},  # fmt: skip
+            "/spec": {"get": {
+                "summary": "This description",
+                "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})},
+            }},
+            "/docs": {"get": {
+                "summary": "This description, readable in a browser",
+                "responses": {"200": _html("A page that shows /spec")},
+            }},
+            "/": {"get": {
+                "summary": "A page to translate in a browser",
+                "responses": {"200": _html("The page")},
+            }},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": _schemas(s),
+        },
+    }
+
+
+def _schemas(s: SpecSettings) -> dict[str, Any]:
+    strings = {"type": "array", "items": {"type": "string"}}
+    hypothesis = {
+        "type": "object",
+        "required": ["text", "pieces", "score", "positional_scores"],
+        "properties": {
+            "text": {"type": "string", "description": "fairseq-interactive's D- text"},
+            "pieces": {"type": "string", "description": "its H- line's (BPE pieces)"},
+            "score": {"type": "number", "description": "base-2 log-probability, normalised"},
+            "positional_scores": {"type": "array", "items": {"type": "number"}},
+            "alignment": {"type": "string", "description": "src-tgt pairs (its A- line)"},
+        },
+        "additionalProperties": False,
+    }
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {"error": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        "Libre": {
+            "type": "object",
+            "required": ["translatedText"],
+            "properties": {
+                "translatedText": {"oneOf": [{"type": "string"}, strings]},
+                "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
+                "detectedLanguage": {
+                    "type": "object",
+                    "properties": {"language": {"type": "string"},
+                                   "confidence": {"type": "number"}},  # fmt: skip
+                },
+            },
+            "additionalProperties": False,
+        },
+        "NBest": {
+            "type": "object",
+            "required": ["translations"],
+            "properties": {
+                "translations": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["hypotheses"],
+                        "properties": {
+                            "hypotheses": {"type": "array", "items": hypothesis,
+                                           "minItems": 1, "maxItems": s.beam},  # fmt: skip
+                        },
+                    },
+                }
+            },
+            "additionalProperties": False,
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status", "queued", "in_flight"],
+            "properties": {
+                "status": {"enum": ["ok", "failed", "restarting", "stopping"]},
+                "queued": {"type": "integer", "minimum": 0},
+                "in_flight": {"type": "integer", "minimum": 0},
+                "error": {"type": "string"},
+            },
+            "additionalProperties": False,
+        },
+    }
+
+
+def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _html(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/html": {"schema": {"type": "string"}}}}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": schema},
+            "application/x-www-form-urlencoded": {"schema": schema},
+        },
+    }
+
+
+def _errors(*errors: tuple | None) -> dict[str, Any]:
+    """Error answers: (status, description[, with Retry-After]) each; None ones left out."""
+    answers = {}
+    for error in errors:
+        if error is None:
+            continue
+        status, description, *retry = error
+        answer = _json(description, ERROR)
+        if retry:
+            answer["headers"] = {"Retry-After": {
+                "description": "seconds to wait", "schema": {"type": "integer", "minimum": 1},
+            }}  # fmt: skip
+        answers[str(status)] = answer
+    return answers
