@@ -193,6 +193,18 @@ def test_health_metrics_and_refusals(server):
     v1 = 'beamplugin_request_latency_seconds_count{endpoint="/v1/translate"}'
     assert metric(after, v1) - metric(before, v1) == 2  # the 400 is timed too
     assert metric(after, 'beamplugin_requests_total{endpoint="/v1/translate",status="400"}') >= 1
+    # the decoder's own figures, sent from its process: each of the 3 sentences waited once and
+    # was in at least one step
+    def grew(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    assert grew("beamplugin_queue_wait_seconds_count") == 3
+    assert grew("beamplugin_step_seconds_count") >= 3  # a translation takes a few steps
+    assert grew("beamplugin_step_sentences_count") == grew("beamplugin_step_seconds_count")
+    assert grew("beamplugin_step_sentences_sum") >= grew("beamplugin_step_sentences_count")
+    assert grew("beamplugin_step_seconds_sum") > 0
+    assert "beamplugin_sentences_cancelled_total 0.0" in after
+    assert "beamplugin_decoder_restarts_total 0.0" in after
 
 
 @pytest.fixture(scope="module")
