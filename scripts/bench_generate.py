@@ -196,6 +196,31 @@ def prepare(model: torch.nn.Module, beam: int) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------
 # timing
 
+# The CPU flags that decide which kernels run: float32 FMA width, int8 sums (VNNI, AMX),
+# bfloat16 and float16 products.
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")  # fmt: skip
+
+
+def cpu_description() -> str:
+    """The CPU's model name and kernel flags (Linux's /proc/cpuinfo) and torch's CPU
+    capability: printed with every speed figure, which holds only for that CPU."""
+    model, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown CPU":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    present = " ".join(flag for flag in KERNEL_FLAGS if flag in flags) or "flags unknown"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"CPU {model} ({present}), torch CPU capability {capability}"
+
+
 
 class Timers:
     """Wall time spent inside wrapped methods, by category (and calls, by method)."""
@@ -403,7 +428,7 @@ def main() -> None:
         "ours/fconv": (SequenceGenerator([fconv], dictionary, **options), fconv),
         "ours/convs2s": (SequenceGenerator([convs2s], dictionary, **options), convs2s),
     }
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
     print(
         f"# {source}; beam {args.beam}, {args.threads} threads, {where}, torch {torch.__version__}"
     )

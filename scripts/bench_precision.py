@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from bench_generate import (
     benchmark_models,
     checkpoint_batches,
+    cpu_description,
     prepare,
     random_batches,
     run,
@@ -102,9 +103,8 @@ def time_products(args: Namespace) -> None:
             times.append(time.perf_counter() - start)
         return statistics.median(times) * 1e6
 
-    print(f"# torch {torch.__version__}, {args.threads} threads, CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}; median us per product, weights not in "
-          "cache; (xN: float32 time / this time)")  # fmt: skip
+    print(f"# torch {torch.__version__}, {args.threads} threads, {cpu_description()}; median "
+          "us per product, weights not in cache; (xN: float32 time / this time)")  # fmt: skip
     for out_features, in_features in [(8000, 256), (512, 768)]:
         weight = torch.randn(out_features, in_features) / in_features**0.5
         bias = torch.randn(out_features)
@@ -196,8 +196,9 @@ def main() -> None:
         systems[f"ours {precision}"] = (SequenceGenerator([model], dictionary, **options), model)
     native = {p: native_on_cpu(d) for p, d in [("bf16", torch.bfloat16), ("fp16", torch.float16)]}
     print(
-        f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}, "
-        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native products {native}"
+        f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}\n"
+        f"# {cpu_description()}, hardware products {native}, int8 weights of "
+        f"{linear_module.int8_weight_levels()} levels"
     )
     for batch_size in args.batch_sizes:
         if args.random:
