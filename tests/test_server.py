@@ -293,11 +293,14 @@ def test_sigterm_under_load_answers_every_accepted_request(small_server, interac
     assert sum(1 for _, what in outcomes if what == "not connected") == 8  # all saw it stop
 
 
-def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive, tmp_path):
+def test_page_and_docs_in_a_real_browser(server, interactive, tmp_path):
+    """Headless chromium: a sentence typed and sent with Ctrl+Enter comes back beside its
+    source with its n-best list and scores, and the time taken; a refused request shows its
+    error inline; /docs shows every endpoint of /spec."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
     options = webdriver.ChromeOptions()
@@ -308,6 +311,7 @@ def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive,
                  f"--user-data-dir={tmp_path / 'profile'}"):  # fmt: skip
         options.add_argument(flag)
     browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    wait = WebDriverWait(browser, 60)
     try:
         browser.set_page_load_timeout(60)
         browser.get(server.url + "/")
@@ -316,23 +320,45 @@ def test_page_translates_a_typed_sentence_in_a_real_browser(server, interactive,
         nbest = browser.find_element(By.ID, "nbest")
         nbest.clear()
         nbest.send_keys("2")
-        browser.find_element(By.ID, "text").send_keys(LINES[4])
-        browser.find_element(By.ID, "translate").click()
-        WebDriverWait(browser, 60).until(
-            expected_conditions.presence_of_all_elements_located((By.CSS_SELECTOR, "tr.hypothesis"))
-        )
-        rows = browser.find_elements(By.CSS_SELECTOR, "tr.hypothesis")
-        shown = [
-            (row.find_element(By.CSS_SELECTOR, "td.text").text,
-             float(row.find_element(By.CSS_SELECTOR, "td.score").text))
-            for row in rows
+        text = browser.find_element(By.ID, "text")
+        text.send_keys(LINES[4] + Keys.ENTER + LINES[5])
+        text.send_keys(Keys.CONTROL, Keys.ENTER)
+        wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "tr.sentence")) == 2)
+        sentences = [
+            (row.find_element(By.CSS_SELECTOR, "td.source").text,
+             [(h.find_element(By.CSS_SELECTOR, "td.text").text,
+               float(h.find_element(By.CSS_SELECTOR, "td.score").text))
+              for h in row.find_elements(By.CSS_SELECTOR, "tr.hypothesis")])
+            for row in browser.find_elements(By.CSS_SELECTOR, "tr.sentence")
         ]  # fmt: skip
+        status = browser.find_element(By.ID, "status").text
+        assert browser.find_element(By.ID, "error").text == ""
+
+        nbest.clear()
+        nbest.send_keys("9")  # over --beam 4
+        text.send_keys(Keys.CONTROL, Keys.ENTER)
+        wait.until(lambda b: b.find_element(By.ID, "error").text)
+        error = browser.find_element(By.ID, "error").text
+        rows_after_error = browser.find_elements(By.CSS_SELECTOR, "tr.sentence")
+
+        browser.get(server.url + "/docs")
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "section.endpoint"))
+        documented = {
+            element.text for element in browser.find_elements(By.CSS_SELECTOR, "span.path")
+        }
     finally:
         browser.quit()
-    assert [text for text, _ in shown] == [h["text"] for h in interactive[4]]
-    assert [score for _, score in shown] == pytest.approx(
-        [h["score"] for h in interactive[4]], abs=2e-4  # shown with 4 decimals
-    )
+    for index, (source, hypotheses) in zip((4, 5), sentences, strict=True):
+        assert source == LINES[index]
+        assert [text for text, _ in hypotheses] == [h["text"] for h in interactive[index]]
+        assert [score for _, score in hypotheses] == pytest.approx(
+            [h["score"] for h in interactive[index]], abs=2e-4  # shown with 4 decimals
+        )
+    assert re.fullmatch(r"2 sentence\(s\) in \d+ ms", status), status
+    assert error == "400: 'nbest' must be an integer from 1 to 4"
+    assert rows_after_error == []
+    assert documented == {"/", "/docs", "/spec", "/health", "/metrics", "/languages",
+                          "/translate", "/v1/translate"}  # fmt: skip
 
 
 # the decoder thread ends with the model's error, as it should: its traceback is the log

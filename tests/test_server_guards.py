@@ -6,13 +6,14 @@ unchanged throughout."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
 import jsonschema
 import pytest
-from fairseq_tools import sentencepiece_toy_model
+from fairseq_tools import BIN, REPO, sentencepiece_toy_model
 from openapi_spec_validator import validate
 from server_tools import LINES, Server, metric, model_options, status_and_json, talk_to_app
 
@@ -346,3 +347,22 @@ def test_spec_is_valid_openapi_and_describes_every_answer(guarded):
     assert {path for _, path, _ in answers} == set(spec["paths"])
     docs = answers[-2][2][2]
     assert "/spec" in docs and not any(f'{a}="http' in docs for a in ("src", "href")), docs
+
+
+def test_help_shows_the_server_and_decoding_options_first_and_help_all_the_rest():
+    brief, full = (
+        subprocess.run([str(BIN / "beamplugin-serve"), flag], capture_output=True, text=True,
+                       timeout=120, cwd=REPO)  # fmt: skip
+        for flag in ("--help", "--help-all")
+    )
+    assert brief.returncode == full.returncode == 0, brief.stderr + full.stderr
+    lines = brief.stdout.splitlines()
+    assert lines[0] == "usage: beamplugin-serve DATA-BIN --path CKPT.pt [options]"
+    assert len(lines) < 80, brief.stdout
+    for option in ("--path", "--beam", "--nbest", "--batch-size", "--bpe", "--port",
+                   "--max-queued", "--request-timeout", "--api-keys", "--req-limit",
+                   "--char-limit", "--metrics-open", "--help-all"):  # fmt: skip
+        assert option in brief.stdout, option
+    assert "--optimizer" not in brief.stdout and "--criterion" not in brief.stdout
+    for option in ("--optimizer", "--criterion", "--api-keys", "--req-limit", "--beam"):
+        assert option in full.stdout, option

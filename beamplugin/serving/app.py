@@ -275,6 +275,7 @@ class TranslationService:
             "target": self.languages[1],
             "beam": self.translator.beam,
             "nbest": self.translator.nbest,
+            "keys": self.guards.keys is not None,  # the page then asks for one
         }
         # "<" escaped so that no value can close the script element it is put in
         inline = json.dumps(settings).replace("<", "\\u003c")

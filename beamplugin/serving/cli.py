@@ -22,26 +22,71 @@ from beamplugin.serving.translator import Translator
 logger = logging.getLogger("beamplugin.serving.app")
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictConfig]:
-    """fairseq-interactive's options and the server's, as fairseq parses them."""
-    parser = options.get_interactive_generation_parser(default_task="beam_translation")
-    parser.set_defaults(user_dir=str(Path(beamplugin.__file__).parent))
+# fairseq-interactive's options a newcomer needs first (``--help``); all of them: --help-all.
+DECODING_OPTIONS = [
+    (("data",), "DATA-BIN", "the data directory the model was trained with (its dictionaries)"),
+    (("--path",), "CKPT.pt", "the checkpoint; A.pt:B.pt decodes with an ensemble"),
+    (("-s", "--source-lang"), "SRC", "source language (as in the data directory)"),
+    (("-t", "--target-lang"), "TGT", "target language"),
+    (("--bpe",), "NAME", "the BPE of the model's text, e.g. sentencepiece"),
+    (("--sentencepiece-model",), "SPM.model", "with --bpe sentencepiece: its model"),
+    (("--tokenizer",), "NAME", "a tokenizer before the BPE (moses, ...)"),
+    (("--beam",), "N", "beam size (default 5)"),
+    (("--nbest",), "N", "translations a request gets by default (default 1, at most --beam)"),
+    (("--lenpen",), "X", "length penalty (default 1)"),
+    (("--max-len-a",), "A", "at most A x source length + B output tokens (default 0 and 200)"),
+    (("--max-len-b",), "B", None),
+    (("--batch-size",), "N", "sentences decoded together at most (default 64)"),
+    (("--max-tokens",), "N", "source tokens decoded together at most"),
+    (("--cpu",), None, "decode on the CPU even when CUDA is there"),
+    (("--bf16",), None, "decode in bfloat16 (also --fp16, --int8)"),
+    (("--print-alignment",), None, "serve alignments (/v1/translate's 'alignment')"),
+]
+
+
+def brief_help() -> str:
+    """``--help``: the server's options and the decoding options most used."""
+    parser = argparse.ArgumentParser(
+        prog="beamplugin-serve",
+        usage="%(prog)s DATA-BIN --path CKPT.pt [options]",
+        description="A translation server for fairseq models with a fast batched beam search: "
+        "LibreTranslate's POST /translate, POST /v1/translate (n-best lists), a page at /, "
+        "its API at /docs.",
+        epilog="Every option of fairseq-interactive applies: --help-all lists them.",
+        add_help=False,
+    )
+    decoding = parser.add_argument_group("Decoding (fairseq-interactive's options)")
+    for flags, metavar, text in DECODING_OPTIONS:
+        if metavar is None:
+            decoding.add_argument(*flags, action="store_true", help=text)
+        else:
+            decoding.add_argument(*flags, metavar=metavar, help=text or argparse.SUPPRESS)
+    add_server_options(parser)
+    parser.add_argument_group("Help").add_argument(
+        "-h", "--help", action="store_true", help="this; --help-all: every option"
+    )
+    return parser.format_help()
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """The server's own options, in two groups of ``parser``."""
     server = parser.add_argument_group("Server")
     server.add_argument("--host", default="127.0.0.1", help="address to listen on")
     server.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
     server.add_argument(
-        "--max-queued", type=int, default=256,
+        "--max-queued", type=int, default=256, metavar="N",
         help="sentences that may wait for room in the engine; beyond that requests get 503",
     )  # fmt: skip
     server.add_argument(
-        "--max-request-sentences", type=int,
+        "--max-request-sentences", type=int, metavar="N",
         help="sentences in one request (default: 64, or --max-queued if smaller)",
     )  # fmt: skip
     server.add_argument(
-        "--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413"
-    )
+        "--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
+        help="larger request bodies get 413",
+    )  # fmt: skip
     server.add_argument(
-        "--shutdown-timeout", type=float, default=600.0,
+        "--shutdown-timeout", type=float, default=600.0, metavar="SECONDS",
         help="seconds a stopping server waits for accepted requests before it gives up on them",
     )  # fmt: skip
     server.add_argument(
@@ -65,6 +110,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
     guards.add_argument(
         "--char-limit", type=int, metavar="N", help="characters a request, else 400"
     )
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictConfig]:
+    """fairseq-interactive's options and the server's, as fairseq parses them. ``--help``
+    prints the brief help and exits; ``--help-all`` fairseq's full list and the server's."""
+    given = sys.argv[1:] if argv is None else argv
+    if "-h" in given or "--help" in given:
+        print(brief_help())
+        sys.exit(0)
+    if "--help-all" in given:
+        argv = ["--help" if a == "--help-all" else a for a in given]
+    parser = options.get_interactive_generation_parser(default_task="beam_translation")
+    parser.set_defaults(user_dir=str(Path(beamplugin.__file__).parent))
+    add_server_options(parser)
     args = options.parse_args_and_arch(parser, argv)
     if args.max_request_sentences is None:
         args.max_request_sentences = min(64, args.max_queued)
