@@ -62,18 +62,33 @@ def test_gradients_flow_through_the_training_path():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
+# Half precisions that this CPU multiplies in hardware (oneDNN packs only those)
+HALF = [dtype for dtype in (torch.bfloat16, torch.float16) if dtype in linear_module.ONEDNN_DTYPES]
+
+
 @needs_onednn
 @pytest.mark.parametrize("rows", [1, 5, 37, 320])
-def test_packed_weight_gives_the_same_bits_whatever_the_rows(rows):
-    weight, bias = large_weight()
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((ONEDNN_MIN_WEIGHTS // 256 + 8, 256), torch.float32), ((512, 768), torch.float32)]
+    + [((512, 768), dtype) for dtype in HALF] + [((256, 256), dtype) for dtype in HALF],
+    ids=str,
+)  # fmt: skip
+def test_packed_weight_gives_the_same_bits_whatever_the_rows(rows, shape, dtype):
+    """The vocabulary projection, a decoder convolution, and (half precision: oneDNN at every
+    size) an attention projection."""
+    torch.manual_seed(0)
+    weight, bias = (torch.randn(shape) * 0.1).to(dtype), torch.randn(shape[0]).to(dtype)
     packed = pack_weight(weight)
-    x = torch.randn(320, 256)
+    x = torch.randn(320, shape[1]).to(dtype)
     with torch.no_grad():
+        assert uses_onednn(x, weight)
         everything = linear(x, weight, bias, lambda: packed)
         alone = linear(x[:rows], weight, bias, lambda: packed)
         plain = linear(x[:rows], weight, bias)
     assert torch.equal(alone, everything[:rows])  # a row's result does not depend on the batch
-    torch.testing.assert_close(alone, plain, rtol=1e-5, atol=1e-5)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(alone, plain, rtol=tolerance, atol=tolerance)
 
 
 @needs_onednn

@@ -1,10 +1,11 @@
 """Matrix products of the model, routed to the fastest CPU kernel for large weights.
 
 On CPU, ``F.linear`` runs float32 products through MKL. For the decoder's output projection
-(vocabulary x embedding, a few to a few hundred rows per step) oneDNN's matmul is faster on
-the machine we measured, an AMD EPYC (``python scripts/bench_linear.py``; docs/speed.md); for
-small weights MKL is as fast or faster. Results differ from ``F.linear`` only in rounding
-(about 1e-6 relative). Training keeps ``F.linear``: the oneDNN op has no autograd formula.
+(vocabulary x embedding, a few to a few hundred rows per step) and its convolutions oneDNN's
+matmul is faster on the machine we measured, an AMD EPYC (``python scripts/bench_linear.py``;
+docs/speed.md); for small float32 weights MKL is as fast. Results differ from ``F.linear`` only
+in rounding (about 1e-6 relative). Training keeps ``F.linear``: the oneDNN op has no autograd
+formula.
 
 Given a plain weight, oneDNN lays it out in its blocked format on every product: a read and a
 write of the whole weight on top of the product's own read. Modules keep a packed copy instead
@@ -37,9 +38,11 @@ def native_on_cpu(dtype: torch.dtype) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
-# Weights with at least this many elements use oneDNN on CPU (a 8k x 256 vocabulary projection
-# has 2M; the iwslt decoder's 768 x 512 convolution, 0.4M, is as fast with MKL).
-ONEDNN_MIN_WEIGHTS = 1 << 20
+# float32 weights with at least this many elements use oneDNN on CPU: the vocabulary
+# projection and the decoder's convolutions (0.4M in iwslt's decoder); for the 65k attention
+# projections MKL is as fast. Half-precision products all take oneDNN's packed weights, faster
+# at every size (docs/precision.md).
+ONEDNN_MIN_WEIGHTS = 1 << 18
 
 _onednn_linear = (
     torch.ops.mkldnn._linear_pointwise
@@ -138,7 +141,7 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
     return (
         _onednn_linear is not None
-        and weight.numel() >= ONEDNN_MIN_WEIGHTS
+        and (weight.numel() >= ONEDNN_MIN_WEIGHTS or weight.dtype != torch.float32)
         and x.device.type == "cpu"
         and x.dtype == weight.dtype
         and weight.dtype in ONEDNN_DTYPES
