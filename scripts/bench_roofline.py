@@ -12,8 +12,9 @@ Then, in interleaved rounds (``--repeats``), the decode is timed against the sam
 alone: every recorded product replayed in order, same kernels (packed oneDNN weights, int8
 under ``--precision int8``), same shapes, row counts and weights, on random inputs. The ratio of
 the two times is the share of its products-only bound the decode reaches. What takes the rest
-is split, on a separate instrumented pass, into the forwards' other work (embeddings, GLU,
-softmax, residuals), the state reorders and the search's bookkeeping.
+is shown by a separate instrumented pass: the products inside the decode (the attention's with
+its softmax), the forwards' other work (embeddings, GLU, residuals), the state reorders and the
+search's bookkeeping.
 
     python scripts/bench_roofline.py --random --batch-sizes 1 64
     python scripts/bench_roofline.py --path CKPT.pt --data DATA-BIN --precision int8
@@ -164,25 +165,30 @@ def record(generator: Any, model: torch.nn.Module, batches: list) -> Recording:
     return recording
 
 
-def where_the_rest_goes(generator: Any, model: torch.nn.Module, batches: list,
-                        products: float) -> tuple[float, dict[str, float]]:  # fmt: skip
-    """(decode time, time by part) of an instrumented pass: the products (their time alone),
-    the rest of the forwards, state and encoder reorders, and the search's bookkeeping."""
+def where_the_time_goes(generator: Any, model: torch.nn.Module, batches: list) -> dict[str, float]:
+    """Seconds of an instrumented pass by part: the products (the attention's with its
+    softmax), the rest of the forwards, state and encoder reorders, the search's bookkeeping;
+    and "total"."""
     timers = Timers(torch.device("cpu"))
-    restore = instrument(generator, timers)
+    restore = instrument(generator, timers) + [
+        timers.wrap(InferenceCache, "product", "products"),
+        timers.wrap(attention_module, "_attend", "products"),
+        timers.wrap(torch, "conv_tbc", "products"),
+    ]
     total = run(generator, model, batches)[0]
     for undo in restore:
         undo()
-    forward, reorder = timers.seconds.get("forward", 0.0), timers.seconds.get("reorder", 0.0)
-    return total, {
-        "products (their time alone)": products,
-        "forwards besides products (embeddings, GLU, softmax, residuals, quantization)": max(
-            forward - products, 0.0
-        ),
+    seconds = timers.seconds
+    forward, reorder = seconds.get("forward", 0.0), seconds.get("reorder", 0.0)
+    return {
+        "products (the attention's with its softmax)": seconds["products"],
+        "forwards besides products (embeddings, GLU, residuals, states, quantization)": forward
+        - seconds["products"],
         "state and encoder reorders": reorder,
-        "search bookkeeping (candidates, stop checks, finished hypotheses)": total
+        "search bookkeeping (log-softmax, candidates, stop checks, finished hypotheses)": total
         - forward
         - reorder,
+        "total": total,
     }
 
 
@@ -212,7 +218,8 @@ def main() -> None:
                 decode.append(run(generator, model, batches)[0])
                 alone.append(recording.replay())
             t_decode, t_alone = statistics.median(decode), statistics.median(alone)
-            total, split = where_the_rest_goes(generator, model, batches, t_alone)
+            split = where_the_time_goes(generator, model, batches)
+        total = split.pop("total")
         work = recording.work()
         flops = sum(work.values())
         print(f"\n## batch size {batch_size}: {n} sentences, {len(recording.products)} products, "
