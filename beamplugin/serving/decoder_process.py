@@ -210,6 +210,8 @@ class DecoderProcess:
                 with self._lock:
                     self._child, self.restarting = replacement, False
                     self.restarts += 1
+                    if self._closed:  # closed while it started: it ends at once
+                        replacement.conn.send(("close",))
                 logger.info("a new decoder process (pid %d) is ready", replacement.process.pid)
                 break
             else:
