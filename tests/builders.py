@@ -73,9 +73,15 @@ def build_convs2s(d: Dictionary, seed: int) -> ConvS2SModel:
     return model.eval()
 
 
-def build_transformer(d: Dictionary, seed: int) -> TransformerModel:
+def build_transformer(
+    d: Dictionary, seed: int, eos_boost: float = 3.0, **options: object
+) -> TransformerModel:
+    """A small fairseq transformer; ``options`` are its arguments (pre-norm, learned
+    positions, shared embeddings, ...). Its output layer is sharpened and EOS boosted, so that
+    sentences end at different steps (with shared embeddings, a smaller boost does)."""
     torch.manual_seed(seed)
     args = argparse.Namespace(
+        **options,
         encoder_embed_dim=16,
         encoder_ffn_embed_dim=32,
         encoder_layers=2,
@@ -90,9 +96,11 @@ def build_transformer(d: Dictionary, seed: int) -> TransformerModel:
     )
     transformer_architecture(args)
     model = TransformerModel.build_model(args, _Task(d)).eval()
-    with torch.no_grad():
-        model.decoder.output_projection.weight.mul_(3)
-        model.decoder.output_projection.weight[d.eos()] *= 3
+    projection = model.decoder.output_projection
+    if projection is not None:  # (an adaptive softmax has its own)
+        with torch.no_grad():
+            projection.weight.mul_(3)
+            projection.weight[d.eos()] *= eos_boost
     return model
 
 
