@@ -1,6 +1,9 @@
-"""The demo's closing report, from what the pipeline left in the work directory.
+"""The demo's closing report, from what the pipeline left in the work directory; or, with
+--compare, the models of several work directories side by side (the demo's ConvS2S and
+configs/transformer.conf's transformer, say).
 
   report.py WORK SRC TGT ARCH TRAIN_MINUTES
+  report.py --compare WORK [WORK...]
 
 Fails when our generator did not translate every test sentence exactly once.
 """
@@ -85,7 +88,27 @@ def report(work: Path, src: str, tgt: str, arch: str, budget_minutes: float) -> 
     return lines
 
 
+def comparison(works: list[Path]) -> list[str]:
+    """One line per work directory: its model, test BLEU and chrF, our generator's and
+    fairseq's sentences/s on the same checkpoint."""
+    lines = [f"{'model':28s} {'BLEU':>6s} {'chrF':>6s} {'ours sent/s':>12s} "
+             f"{'fairseq sent/s':>15s}  work directory"]
+    for work in works:
+        ours = json.loads((work / "eval/ours/result.json").read_text())
+        theirs = json.loads((work / "eval/fairseq/result.json").read_text())
+        claim = (work / "checkpoints/inputs.id").read_text().split()
+        arch = next((word[5:] for word in claim if word.startswith("arch=")), "?")
+        lines.append(
+            f"{arch:28s} {ours['bleu']:6.2f} {ours['chrf']:6.2f} "
+            f"{ours['sentences_per_s']:12.1f} {theirs['sentences_per_s']:15.1f}  {work}"
+        )
+    return lines
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--compare"] and len(argv) > 1:
+        print("\n".join(comparison([Path(work) for work in argv[1:]])))
+        return
     if len(argv) != 5:
         sys.exit(__doc__)
     lines = report(Path(argv[0]), *argv[1:4], budget_minutes=float(argv[4]))

@@ -12,6 +12,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -193,6 +194,20 @@ def test_demo_translates_every_test_sentence_and_learns_the_toy_language(demo):
     # fairseq-interactive translated each demo sentence typed on stdin.
     samples = (ROOT / "configs" / "demo_sentences.de").read_text().splitlines()
     assert len(re.findall(r"^  -> \S", log, re.MULTILINE)) == len(samples)
+
+
+def test_reports_of_two_work_directories_compare_side_by_side(demo):
+    """report.py --compare (the demo's model against configs/transformer.conf's, say): one
+    line per work directory with its model, BLEU, chrF and both generators' speeds."""
+    work = demo["work"]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "data" / "report.py"), "--compare", str(work), str(work)],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()
+    assert out[0].split()[:3] == ["model", "BLEU", "chrF"] and len(out) == 3
+    fields = out[1].split()
+    assert fields[0] == "convs2s_tiny" and float(fields[1]) == _bleu(demo["log"])
+    assert fields[-1] == str(work) and out[1] == out[2]
 
 
 def test_finished_run_skips_every_step_and_work_dir_keeps_its_corpus(demo):
