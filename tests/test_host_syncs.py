@@ -66,9 +66,15 @@ def test_one_sync_per_step_and_one_per_finishing_step(vocab, models, arch, optio
     )
     assert search == {STEP: len(steps), FINISH: len(finishing), **per_batch}, syncs
     assert len(finishing) < len(steps)
-    if arch != "transformer":  # fairseq's transformer waits twice per step in its forward
-        model_syncs = {site: n for site, n in syncs.items() if site not in search}
-        assert sum(model_syncs.values()) <= 1, model_syncs  # the encoder's padding check
+    # the decoder steps never wait (fairseq's transformer's too, on our mixed-step path); the
+    # encoder checks its padding once a batch (fairseq's transformer encoder thrice)
+    model_syncs = {site: n for site, n in syncs.items() if site not in search}
+    encoder_sites = {"sinusoidal_positional_embedding.py:forward",
+                     "transformer_encoder.py:forward_scriptable"}
+    if arch == "transformer":
+        assert set(model_syncs) <= encoder_sites and sum(model_syncs.values()) <= 3, model_syncs
+    else:
+        assert sum(model_syncs.values()) <= 1, model_syncs
 
 
 def test_prefix_tokens_add_one_sync_per_batch(vocab, models, monkeypatch):
