@@ -26,9 +26,10 @@ test: $(BIN)/.installed /usr/bin/chromedriver
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 # Speed against fairseq, the roofline (the decode against its matrix products alone) and the
-# precision table; the same ARGS go to all three (e.g. ARGS="--path CKPT --data DATA-BIN").
+# precision table (bf16 and int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS
+# go to all three (e.g. ARGS="--path CKPT --data DATA-BIN").
 bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_roofline.py $(or $(ARGS),--random --batch-sizes 1 64)
-	$(BIN)/python scripts/bench_precision.py $(or $(ARGS),--random --batch-sizes 1 64 \
-		--max-sentences 64 --repeats 2)
+	$(BIN)/python scripts/bench_precision.py --precisions bf16 int8 $(or $(ARGS),--random \
+		--batch-sizes 1 64 --max-sentences 64 --repeats 2)

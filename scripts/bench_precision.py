@@ -1,6 +1,7 @@
 """Decoding speed and quality in reduced precision: bfloat16 and float16 against float32.
 
-Systems, run interleaved (one pass over all batches each, in turn, ``--repeats`` times):
+Systems, run interleaved (``--repeats`` rounds, in each of which the systems decode every batch
+in turn):
 
 * ``fairseq fp32``: fairseq's fconv + fairseq's SequenceGenerator, float32 (the reference);
 * ``ours fp32``: our convs2s (the same weights) + our generator, float32;
@@ -9,11 +10,11 @@ Systems, run interleaved (one pass over all batches each, in turn, ``--repeats``
 * ``ours fp16``: the same in float16, cast directly (``--fp16 --cpu`` refuses it on a CPU
   without float16 products; it is timed here to back that choice).
 
-Prints the median time per system, speed-ups against fairseq's and our float32, and how many
-best hypotheses equal our float32's. With ``--data`` and a sentencepiece test set, it also
-decodes the whole ``--gen-subset`` in each of our precisions and prints sacreBLEU and chrF
-against the references (``--ref``, raw text), as fairseq-generate with ``--post-process
-sentencepiece`` would give them.
+Prints the median time per system, speed-ups against fairseq's and our float32 (the median of
+each round's ratio), and how many best hypotheses equal our float32's. With ``--data`` and a
+sentencepiece test set, it also decodes the whole ``--gen-subset`` in each of our precisions and
+prints sacreBLEU and chrF against the references (``--ref``, raw text), as fairseq-generate with
+``--post-process sentencepiece`` would give them.
 
 ``--products`` times the decoder's products alone instead (the 8000 x 256 vocabulary projection
 and a 768 -> 512 convolution, weights not in cache): our float32 product (packed oneDNN), torch's
@@ -144,6 +145,12 @@ def time_products(args: Namespace) -> None:
             ))  # fmt: skip
 
 
+def paired(reference: list[float], times: list[float]) -> float:
+    """The median over rounds of reference time / time: on a shared machine whose speed drifts
+    between rounds, steadier than a ratio of medians."""
+    return statistics.median(r / t for r, t in zip(reference, times, strict=True))
+
+
 def best(outputs: list) -> list[list[int]]:
     return [hypos[0]["tokens"].tolist() for hypos in outputs]
 
@@ -208,10 +215,17 @@ def main() -> None:
         times: dict[str, list[float]] = {name: [] for name in systems}
         outputs = {name: run(gen, model, batches)[1] for name, (gen, model) in systems.items()}
         for _ in range(args.repeats):
-            for name, (generator, model) in systems.items():
-                times[name].append(run(generator, model, batches)[0])
+            # the systems take turns batch by batch: a shared machine's speed drifts less
+            # within a batch's turn than within a whole pass
+            spent = dict.fromkeys(systems, 0.0)
+            for batch in batches:
+                for name, (generator, model) in systems.items():
+                    spent[name] += run(generator, model, [batch])[0]
+            for name, seconds in spent.items():
+                times[name].append(seconds)
         sentences = sum(len(b["id"]) for b in batches)
-        print(f"\n## batch size {batch_size}: {sentences} sentences, median of {args.repeats}")
+        print(f"\n## batch size {batch_size}: {sentences} sentences, median of {args.repeats} "
+              "rounds (ratios: median of each round's own ratio)")  # fmt: skip
         print("| system | sent/s | vs fairseq fp32 | vs ours fp32 | best equal to ours fp32 |")
         print("| --- | --- | --- | --- | --- |")
         median = {name: statistics.median(t) for name, t in times.items()}
@@ -220,8 +234,8 @@ def main() -> None:
             equal = sum(a == b for a, b in zip(reference, best(outputs[name]), strict=True))
             print(
                 f"| {name} | {sentences / median[name]:.1f} | "
-                f"x{median['fairseq fp32'] / median[name]:.2f} | "
-                f"x{median['ours fp32'] / median[name]:.2f} | {equal}/{sentences} |"
+                f"x{paired(times['fairseq fp32'], times[name]):.2f} | "
+                f"x{paired(times['ours fp32'], times[name]):.2f} | {equal}/{sentences} |"
             )
     if args.ref and not args.random:
         quality(systems, task, args)
