@@ -207,8 +207,9 @@ def test_int8_products_translate_as_float32_on_most_sentences(vocab, convs2s, mo
         for r, o in zip(reference, out, strict=True)
         if r[0]["tokens"].tolist() == o[0]["tokens"].tolist()
     ]
-    # measured with 8-bit weights: 58 of 64 equal (91%), scores within 0.02
-    assert len(same) >= 0.8 * N_SENTENCES, f"{len(same)} of {N_SENTENCES} equal"
+    # measured: 55 of 64 equal (86%) with 8-bit weights, 52 (81%) with 7-bit ones (CPUs without
+    # VNNI); scores within 0.018 and 0.027
+    assert len(same) >= 0.75 * N_SENTENCES, f"{len(same)} of {N_SENTENCES} equal"
     assert 0 < max(abs(float(r["score"]) - float(o["score"])) for r, o in same) < SCORE_TOLERANCE
     cast_for_decoding([model], "float32")  # and back: every product in float32 again
     assert_same(reference, SequenceGenerator([model], vocab, **options).generate(None, sample))
