@@ -41,7 +41,7 @@ def convs2s(vocab):
 
 @pytest.fixture
 def levels(request, monkeypatch) -> int:
-    monkeypatch.setattr(linear_module, "_weight_levels", request.param)
+    monkeypatch.setattr(linear_module, "int8_weight_levels", lambda: request.param)
     return request.param
 
 

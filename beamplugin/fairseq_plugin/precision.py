@@ -102,13 +102,13 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
                 f"multiplies weights of {linear_module.INT8_MIN_WEIGHTS} elements or more in "
                 "int8); they would decode in float32: leave out --int8"
             )
+        levels = linear_module.int8_weight_levels()
         logger.info(
-            "--int8: %d weights multiplied in int8 (weights of %d levels: %s)",
+            "--int8: %d weights multiplied in int8, %s",
             large,
-            linear_module.int8_weight_levels(),
-            "this CPU sums 8-bit products exactly (VNNI/AMX)"
-            if linear_module.int8_weight_levels() == 127
-            else "7-bit weights, as this CPU sums pairs of products in 16 bits (no VNNI)",
+            "8-bit weights (this CPU sums int8 products in 32 bits: VNNI or AMX)"
+            if levels == 127
+            else "7-bit weights (this CPU sums pairs of int8 products in 16 bits: no VNNI)",
         )
     for model in models:
         model.to(dtype)

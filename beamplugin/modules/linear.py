@@ -17,6 +17,7 @@ bfloat16 or float16 packs its weights in that precision, on CPUs that multiply i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -60,8 +61,9 @@ ONEDNN_DTYPES = frozenset(
 
 
 # With int8 products on (--int8), weights of at least this many elements: the vocabulary
-# projection and the decoder convolutions (0.4M in iwslt's decoder); attention
-# projections (65k there) stay float32.
+# projection and the convolutions (0.4M in iwslt's shape); the attention projections, fc1 and
+# fc2 (65k there) stay float32: at a few rows the quantization's own operations cost more than
+# their product (docs/speed.md).
 INT8_MIN_WEIGHTS = 1 << 17
 
 
@@ -82,17 +84,14 @@ def _int8_products_are_exact(weight_levels: int) -> bool:
     return True
 
 
+@functools.cache
 def int8_weight_levels() -> int:
     """The largest int8 weight magnitude whose products this CPU sums exactly: 127 where it
     has VNNI or AMX, else 63 (7-bit weights; activations keep 8 bits). Probed once, on the
     kernel torch really runs (``ONEDNN_MAX_CPU_ISA`` may cap what the flags promise)."""
-    global _weight_levels
-    if _weight_levels is None:
-        _weight_levels = 127 if _int8_products_are_exact(127) else 63
-    return _weight_levels
+    return 127 if _int8_products_are_exact(127) else 63
 
 
-_weight_levels: int | None = None
 # A row's largest magnitude is taken as at least this, so that 127 / it stays finite (a zero
 # row quantizes to zeros, not to NaN).
 _SMALLEST_SCALED = 1e-30
@@ -107,10 +106,10 @@ class Int8Weight(NamedTuple):
     bias: Tensor | None
 
 
-def pack_int8(weight: Tensor, bias: Tensor | None, levels: int | None = None) -> Int8Weight:
-    """``weight`` quantized to int8 per output channel, symmetric: scale max |w| / ``levels``
-    (:func:`int8_weight_levels` if None), values rounded to the nearest integer."""
-    levels = int8_weight_levels() if levels is None else levels
+def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
+    """``weight`` quantized to int8 per output channel, symmetric: scale max |w| /
+    :func:`int8_weight_levels`, values rounded to the nearest integer."""
+    levels = int8_weight_levels()
     w = weight.detach().float()
     scales = (w.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
     values = torch.round(w / scales[:, None]).to(torch.int8)
@@ -130,7 +129,7 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
     rows = x.reshape(-1, x.size(-1))
     top = rows.abs().amax(1, keepdim=True).clamp_(min=_SMALLEST_SCALED)
     quantized = torch.mul(rows, 127 / top).round_().to(torch.int8)
-    # the float copy first: torch's int32 x float32 multiply is 10x slower than float32's
+    # converted first: torch's mixed int32 x float32 multiply is far slower (docs/precision.md)
     out = torch._int_mm(quantized, weight.values.t()).float()
     out.mul_(weight.scales).mul_(top / 127)
     if weight.bias is not None:
