@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_generate import cpu_description
 
 from beamplugin.modules import linear as linear_module
 
@@ -46,7 +47,8 @@ def main() -> None:
         raise SystemExit("this torch build has no oneDNN linear")
     torch.set_num_threads(args.threads)
     flush = torch.zeros(64 * 1024 * 1024 // 4)
-    print(f"# torch {torch.__version__}, {args.threads} threads; median us per product")
+    print(f"# torch {torch.__version__}, {args.threads} threads, {cpu_description()}; median us "
+          "per product")  # fmt: skip
     print(
         f"{'out x in':>12} {'rows':>5} {'cache':>5} {'F.linear':>9} {'oneDNN':>9} "
         f"{'packed':>9} {'F.linear/packed':>16}"

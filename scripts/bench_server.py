@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import aiohttp
 import torch
+from bench_generate import cpu_description
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -216,7 +217,7 @@ def main() -> None:
     sentences = lines[: args.max_sentences]
     print(f"{len(sentences)} sentences of {args.sentences}, beam {args.beam}, "
           f"{args.clients} clients, {args.threads} thread(s) per process, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+          f"load average {os.getloadavg()[0]:.1f}; {cpu_description()}", flush=True)  # fmt: skip
     torch.set_num_threads(args.threads)
 
     interactive = options.get_interactive_generation_parser(default_task="beam_translation")

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+from bench_generate import cpu_description
 from fairseq import checkpoint_utils
 from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
@@ -117,7 +118,8 @@ def main() -> None:
     theirs = FairseqGenerator([model], dictionary, beam_size=args.beam)
 
     print(f"{count} sentences of {args.gen_subset} in random order, beam {args.beam}, "
-          f"{args.threads} threads, {args.device}, median of {args.repeats} rounds")
+          f"{args.threads} threads, {args.device}, median of {args.repeats} rounds; "
+          f"{cpu_description()}")
     for capacity in args.capacities:
         static_arrival = batches(arrival, capacity, pad, eos)
         static_sorted = batches([arrival[i] for i in by_length], capacity, pad, eos)
