@@ -4,6 +4,7 @@ fairseq_tools.sentencepiece_toy_model."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import signal
@@ -13,10 +14,29 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from fairseq_tools import BIN, REPO, toy_sentence_pairs
+from fairseq_tools import BIN, REPO, sentencepiece_toy_model, toy_sentence_pairs
 
 LINES = [de for de, _ in toy_sentence_pairs(24, seed=7)]
 BODY_LIMIT = 100_000
+
+
+def shared_toy_model(tmp_path_factory: Any) -> dict[str, Path]:
+    """The server tests' toy model, trained once for the whole run: in the directory all of
+    pytest-xdist's workers share, under a lock, so that the server test modules on different
+    workers do not train it twice."""
+    run_temp = tmp_path_factory.getbasetemp()  # under xdist, a worker's: its parent is the run's
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_temp = run_temp.parent
+    shared = run_temp / "server-toy-model"
+    shared.mkdir(exist_ok=True)
+    with open(shared / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = shared / "done"
+        if not done.exists():
+            sentencepiece_toy_model(shared)
+            done.touch()
+    return {"data": shared / "bin", "checkpoint": shared / "ckpt" / "checkpoint_last.pt",
+            "spm": shared / "spm.model"}  # fmt: skip
 
 
 def model_options(toy: dict[str, Path]) -> list[str]:

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from fairseq_tools import REPO, run_tool, sentencepiece_toy_model
+from fairseq_tools import REPO, run_tool
 from server_tools import (
     BODY_LIMIT,
     LINES,
     Server,
     metric,
     model_options,
+    shared_toy_model,
     status_and_json,
     talk_to_app,
 )
@@ -32,7 +33,7 @@ from server_tools import (
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> dict[str, Path]:
-    return sentencepiece_toy_model(tmp_path_factory.mktemp("serve"))
+    return shared_toy_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,17 @@ from pathlib import Path
 import aiohttp
 import jsonschema
 import pytest
-from fairseq_tools import BIN, REPO, sentencepiece_toy_model
+from fairseq_tools import BIN, REPO
 from openapi_spec_validator import validate
-from server_tools import LINES, Server, metric, model_options, status_and_json, talk_to_app
+from server_tools import (
+    LINES,
+    Server,
+    metric,
+    model_options,
+    shared_toy_model,
+    status_and_json,
+    talk_to_app,
+)
 
 # gamma: 3 requests a minute of its own, delta 1 (the spec test's 429)
 KEYS = {"alpha": None, "beta": None, "gamma": 3, "delta": 1}
@@ -24,7 +32,7 @@ CHAR_LIMIT = 8000  # above the 256 sentences of the cancellation test
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> dict[str, Path]:
-    return sentencepiece_toy_model(tmp_path_factory.mktemp("guards"))
+    return shared_toy_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
