@@ -9,11 +9,14 @@ sentence gets fairseq's scores.
 * The encoder output enters the decoder once per sentence, as every layer's cross-attention
   keys and values, kept in a memory pool of slots (beamplugin.modules.memory_pool); the beam
   rows of a sentence read its slot.
+* The decoder's products go through beamplugin.modules.linear, large weights on oneDNN's packed
+  copies (as convs2s's): scores equal fairseq's up to float rounding.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,9 +26,11 @@ from fairseq.models.transformer import TransformerModelBase
 from fairseq.modules import LearnedPositionalEmbedding, MultiheadAttention
 from torch import Tensor, nn
 
+from beamplugin.modules.linear import linear, pack_weight
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled
 
 Memory = dict[str, Tensor | None]
+Product = Callable[[nn.Linear, Tensor], Tensor]
 
 
 def mixed_step_view(model: nn.Module) -> tuple[nn.Module | None, str | None]:
@@ -135,6 +140,7 @@ class MixedStepTransformerDecoder(nn.Module):
         self.decoder = decoder
         self.pad = decoder.padding_idx
         self.alignment_layer = len(decoder.layers) - 1
+        self.product = PackedProducts()
 
     def forward(
         self,
@@ -172,7 +178,7 @@ class MixedStepTransformerDecoder(nn.Module):
         x = x.transpose(0, 1)
         if d.project_out_dim is not None:
             x = d.project_out_dim(x)
-        return d.output_layer(x), {"attn": [attn], "inner_states": None}
+        return self.product(d.output_projection, x), {"attn": [attn], "inner_states": None}
 
     def _positions(self, tokens: Tensor) -> Tensor:
         """``[rows, 1, embed]``: each row's position, pad + its own tokens (fairseq's)."""
@@ -197,21 +203,23 @@ class MixedStepTransformerDecoder(nn.Module):
         residual = x
         if layer.normalize_before:
             x = layer.self_attn_layer_norm(x)
-        x = _self_attention(layer.self_attn, x, state, f"{index}", history_mask)
+        x = _self_attention(layer.self_attn, x, state, f"{index}", history_mask, self.product)
         x = layer.residual_connection(x, residual)
         if not layer.normalize_before:
             x = layer.self_attn_layer_norm(x)
         residual = x
         if layer.normalize_before:
             x = layer.encoder_attn_layer_norm(x)
-        x, attn = _cross_attention(layer.encoder_attn, x, groups, index, need_attn)
+        x, attn = _cross_attention(
+            layer.encoder_attn, x, groups, index, need_attn, self.product
+        )
         x = layer.residual_connection(x, residual)
         if not layer.normalize_before:
             x = layer.encoder_attn_layer_norm(x)
         residual = x
         if layer.normalize_before:
             x = layer.final_layer_norm(x)
-        x = layer.fc2(layer.activation_fn(layer.fc1(x)))
+        x = self.product(layer.fc2, layer.activation_fn(self.product(layer.fc1, x)))
         x = layer.residual_connection(x, residual)
         if not layer.normalize_before:
             x = layer.final_layer_norm(x)
@@ -235,6 +243,7 @@ def _self_attention(
     state: dict[str, Tensor],
     name: str,
     history_mask: Tensor,
+    product: Product,
 ) -> Tensor:
     """fairseq's incremental self-attention of ``x`` (``1 x rows x embed``) over each row's
     history; the keys and values of the history are ``state[name + "k"/"v"]``, ``[rows, heads,
@@ -242,9 +251,9 @@ def _self_attention(
     steps]``, True at padding."""
     _, rows, embed = x.shape
     heads, head_dim = attention.num_heads, attention.head_dim
-    q = attention.q_proj(x)
-    k = attention.k_proj(x)
-    v = attention.v_proj(x)
+    q = product(attention.q_proj, x)
+    k = product(attention.k_proj, x)
+    v = product(attention.v_proj, x)
     q *= attention.scaling
     q = q.contiguous().view(1, rows * heads, head_dim).transpose(0, 1)
     k = k.contiguous().view(-1, rows * heads, head_dim).transpose(0, 1)
@@ -262,7 +271,7 @@ def _self_attention(
     weights = weights.view(rows * heads, 1, steps)
     probs = utils.softmax(weights, dim=-1).type_as(weights)
     out = torch.bmm(probs, v).transpose(0, 1).contiguous().view(1, rows, embed)
-    return attention.out_proj(out)
+    return product(attention.out_proj, out)
 
 
 def _cross_attention(
@@ -271,6 +280,7 @@ def _cross_attention(
     groups: list[tuple[Memory, int]],
     layer: int,
     need_weights: bool,
+    product: Product,
 ) -> tuple[Tensor, Tensor | None]:
     """fairseq's encoder-decoder attention of ``x`` (``1 x rows x embed``): each group of rows
     (its sentences' memory, its rows, sentence-major) reads its sentences' keys and values.
@@ -278,7 +288,7 @@ def _cross_attention(
     widest."""
     _, rows, embed = x.shape
     heads, head_dim = attention.num_heads, attention.head_dim
-    q = attention.q_proj(x)
+    q = product(attention.q_proj, x)
     q *= attention.scaling
     q = q.view(rows, heads, head_dim)
     context = q.new_empty(rows, heads, head_dim)
@@ -300,8 +310,26 @@ def _cross_attention(
         if need_weights:
             weights.append(probs_float.mean(dim=1).reshape(group_rows, 1, width))
         first += group_rows
-    out = attention.out_proj(context.view(1, rows, embed))
+    out = product(attention.out_proj, context.view(1, rows, embed))
     if not need_weights:
         return out, None
     widest = max(w.size(-1) for w in weights)
     return out, torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights]).to(x)
+
+
+class PackedProducts:
+    """fairseq's ``nn.Linear`` layers computed with beamplugin.modules.linear: a large weight's
+    oneDNN packing is kept while the weight is unchanged (its storage and version)."""
+
+    def __init__(self) -> None:
+        self._packed: dict[int, tuple[tuple[int, int, torch.dtype], Tensor | None]] = {}
+
+    def __call__(self, module: nn.Linear, x: Tensor) -> Tensor:
+        return linear(x, module.weight, module.bias, lambda: self._packing(module.weight))
+
+    def _packing(self, weight: Tensor) -> Tensor | None:
+        key = (weight._version, weight.data_ptr(), weight.dtype)
+        kept = self._packed.get(id(weight))
+        if kept is None or kept[0] != key:
+            kept = self._packed[id(weight)] = (key, pack_weight(weight))
+        return kept[1]
