@@ -24,6 +24,7 @@ same as continuous's.
 
     python scripts/bench_stream.py --path data/work/checkpoints/checkpoint_last.pt \\
         --data data/work/bin --sentences 1000 --capacities 16 64
+    python scripts/bench_stream.py --path CKPT --data DATA-BIN --precision int8   # or bf16
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers the task and model, safe checkpoint loading)
 from beamplugin import SequenceGenerator
+from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.streams import translate
 
 Hypotheses = list[dict]
@@ -61,6 +63,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--seed", type=int, default=1, help="of the arrival order")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="float32", choices=sorted(PRECISIONS),
+                        help="what every system decodes in (cast_for_decoding)")  # fmt: skip
     return parser.parse_args()
 
 
@@ -106,6 +110,7 @@ def main() -> None:
     model = models[0].to(device).eval()
     cfg.generation.beam = args.beam
     model.prepare_for_inference_(cfg)
+    cast_for_decoding([model], args.precision)
     task.load_dataset(args.gen_subset)
     dataset = task.dataset(args.gen_subset)
     dictionary = task.target_dictionary
@@ -118,8 +123,8 @@ def main() -> None:
     theirs = FairseqGenerator([model], dictionary, beam_size=args.beam)
 
     print(f"{count} sentences of {args.gen_subset} in random order, beam {args.beam}, "
-          f"{args.threads} threads, {args.device}, median of {args.repeats} rounds; "
-          f"{cpu_description()}")
+          f"{args.threads} threads, {args.device}, {args.precision}, median of {args.repeats} "
+          f"rounds; {cpu_description()}")  # fmt: skip
     for capacity in args.capacities:
         static_arrival = batches(arrival, capacity, pad, eos)
         static_sorted = batches([arrival[i] for i in by_length], capacity, pad, eos)
