@@ -374,3 +374,22 @@ def test_help_shows_the_server_and_decoding_options_first_and_help_all_the_rest(
     assert "--optimizer" not in brief.stdout and "--criterion" not in brief.stdout
     for option in ("--optimizer", "--criterion", "--api-keys", "--req-limit", "--beam"):
         assert option in full.stdout, option
+
+
+def test_a_crashing_decoder_process_is_started_a_few_times_a_minute_at_most():
+    from beamplugin.serving.decoder_process import Backoff
+
+    backoff = Backoff()
+    # each one dies as soon as it is up (or fails to start): the waits double, up to 30 s
+    waits = [backoff.wait(lived=0.5), backoff.wait(lived=None)] + [
+        backoff.wait(lived=2.0) for _ in range(6)
+    ]
+    assert waits == [1, 2, 4, 8, 16, 30, 30, 30]
+    starts, clock = 0, 0.0
+    for wait in waits:  # starts within the first minute of deaths, starting itself free
+        clock += wait
+        starts += clock <= 60
+    assert starts <= 5
+    # one that lived a minute was fine: the next death waits 1 s again
+    assert backoff.wait(lived=61.0) == 1
+    assert backoff.wait(lived=1.0) == 2

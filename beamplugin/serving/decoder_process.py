@@ -60,10 +60,23 @@ class DecoderRestarting(RuntimeError):
     """The decoder process died and its successor is not ready yet; try again later."""
 
 
-# Seconds before starting another decoder process after one died: doubling with each death in
-# a row (one that lived STEADY_SECONDS starts the series again), so a crashing model is started
-# a few times a minute at most.
-FIRST_BACKOFF, MAX_BACKOFF, STEADY_SECONDS = 1.0, 30.0, 60.0
+class Backoff:
+    """Seconds to wait before starting another decoder process: 1 s after a death, doubling
+    with each death in a row up to 30 s; a process that lived a minute starts the series
+    again. So a model that keeps crashing is started a few times a minute at most."""
+
+    FIRST, MOST, STEADY = 1.0, 30.0, 60.0
+
+    def __init__(self) -> None:
+        self._next = self.FIRST
+
+    def wait(self, lived: float | None) -> float:
+        """The wait before the next start, after a process that lived ``lived`` seconds died
+        (None: after one failed to start)."""
+        if lived is not None and lived >= self.STEADY:
+            self._next = self.FIRST
+        wait, self._next = self._next, min(2 * self._next, self.MOST)
+        return wait
 
 
 class _Child:
@@ -180,7 +193,7 @@ class DecoderProcess:
 
     def _supervise(self) -> None:
         """Read the child's answers; when it dies, fail what it held and start another."""
-        backoff = FIRST_BACKOFF
+        backoff = Backoff()
         while True:
             child = self._child
             self._read(child)
@@ -196,16 +209,14 @@ class DecoderProcess:
             _fail(futures, died)
             if stopping:
                 return
-            if time.monotonic() - child.started > STEADY_SECONDS:
-                backoff = FIRST_BACKOFF
-            logger.error("%s; another starts in %.0f s", died, backoff)
-            while not self._stop.wait(backoff):
-                backoff = min(2 * backoff, MAX_BACKOFF)
+            wait = backoff.wait(lived=time.monotonic() - child.started)
+            logger.error("%s; another starts in %.0f s", died, wait)
+            while not self._stop.wait(wait):
                 try:
                     replacement = _Child(self._cfg, self.max_queued)
                 except Exception:
-                    logger.exception("the decoder process did not start; again in %.0f s",
-                                     backoff)  # fmt: skip
+                    wait = backoff.wait(lived=None)
+                    logger.exception("the decoder process did not start; again in %.0f s", wait)
                     continue
                 with self._lock:
                     self._child, self.restarting = replacement, False
