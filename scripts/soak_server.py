@@ -39,7 +39,7 @@ def model_options(args: argparse.Namespace) -> list[str]:
     return [
         str(args.data), "--path", str(args.path), "--beam", str(args.beam),
         "--bpe", "sentencepiece", "--sentencepiece-model", str(args.spm),
-        "-s", args.source_lang, "-t", args.target_lang, "--cpu",
+        "-s", args.source_lang, "-t", args.target_lang, "--cpu", "--max-len-b", str(args.max_len_b),
     ]  # fmt: skip
 
 
@@ -196,6 +196,11 @@ def main() -> int:
     parser.add_argument("--source-lang", default="de")
     parser.add_argument("--target-lang", default="en")
     parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument(
+        "--max-len-b", type=int, default=200,
+        help="output tokens at most (fairseq's default 200): a weak model's few runaway "
+        "sentences take that many steps, which shows in the latency's tail",
+    )  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=64, help="the server's capacity")
     parser.add_argument("--total", type=int, default=20000, help="sentences to answer")
     parser.add_argument("--warmup", type=int, default=2000, help="sentences before the RSS")
