@@ -393,3 +393,27 @@ def test_a_crashing_decoder_process_is_started_a_few_times_a_minute_at_most():
     # one that lived a minute was fine: the next death waits 1 s again
     assert backoff.wait(lived=61.0) == 1
     assert backoff.wait(lived=1.0) == 2
+
+
+def test_without_keys_the_request_limit_is_per_client_address(toy):
+    """No keys: --req-limit counts each client address; /metrics stays open."""
+    from beamplugin.serving.cli import parse_args
+    from beamplugin.serving.guards import Guards
+    from beamplugin.serving.translator import Translator
+
+    _, cfg = parse_args(model_options(toy))
+    translator = Translator(cfg, 8)
+
+    async def talk(session: aiohttp.ClientSession, url: str) -> tuple:
+        body = {"q": LINES[0], "source": "de", "target": "en"}
+        answers = []
+        for _ in range(3):
+            async with session.post(url + "/translate", json=body) as response:
+                answers.append((response.status, response.headers.get("Retry-After")))
+        async with session.get(url + "/metrics") as response:
+            return answers, response.status
+
+    answers, metrics_status = talk_to_app(translator, talk, guards=Guards(req_limit=2))
+    assert [status for status, _ in answers] == [200, 200, 429]
+    assert 1 <= int(answers[2][1]) <= 60
+    assert metrics_status == 200
