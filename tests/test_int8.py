@@ -93,9 +93,9 @@ def test_int8_product_of_a_row_does_not_depend_on_the_other_rows(levels):
         assert torch.equal(int8_linear(x[first:last], packed), everything[first:last])
     assert torch.equal(everything[9], bias)
     # the integer sums are exact: the result is that of float64 arithmetic on the same integers
-    top = x.abs().amax(1, keepdim=True).clamp(min=1e-30)
-    quantized = torch.round(x * (127 / top)).double()
-    exact = quantized @ packed.values.double().t() * packed.scales.double() * (top.double() / 127)
+    scale = (x.abs().amax(1, keepdim=True) / 127).clamp(min=1e-30)
+    quantized = torch.round(x / scale).double()
+    exact = quantized @ packed.values.double().t() * packed.scales.double() * scale.double()
     torch.testing.assert_close(everything.double(), exact + bias.double(), rtol=1e-6, atol=1e-5)
 
 
@@ -139,9 +139,9 @@ def test_cpus_without_vnni_get_7_bit_weights_whose_sums_are_exact():
         weight, x = torch.randn(3992, 256), torch.randn(64, 256)
         packed = pack_int8(weight, None)
         out = int8_linear(x, packed)
-        top = x.abs().amax(1, keepdim=True)
-        exact = (torch.round(x * (127 / top)).double() @ packed.values.double().t()
-                 * packed.scales.double() * (top.double() / 127))
+        scale = x.abs().amax(1, keepdim=True) / 127
+        exact = (torch.round(x / scale).double() @ packed.values.double().t()
+                 * packed.scales.double() * scale.double())
         print(bool(((out.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-5).all()))
         print(torch.equal(int8_linear(x[3:4], packed), out[3:4]))
     """)

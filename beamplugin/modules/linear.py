@@ -92,9 +92,9 @@ def int8_weight_levels() -> int:
     return 127 if _int8_products_are_exact(127) else 63
 
 
-# A row's largest magnitude is taken as at least this, so that 127 / it stays finite (a zero
-# row quantizes to zeros, not to NaN).
-_SMALLEST_SCALED = 1e-30
+# A row's scale is at least this, so that dividing by it stays finite (a zero row quantizes to
+# zeros, not to NaN).
+_SMALLEST_SCALE = 1e-30
 
 
 class Int8Weight(NamedTuple):
@@ -127,11 +127,11 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
     any batch-mates, as in float32 (a shared scale, as torch's dynamic quantized linear takes,
     would tie every row to the largest activation of the step)."""
     rows = x.reshape(-1, x.size(-1))
-    top = rows.abs().amax(1, keepdim=True).clamp_(min=_SMALLEST_SCALED)
-    quantized = torch.mul(rows, 127 / top).round_().to(torch.int8)
+    scale = rows.abs().amax(1, keepdim=True).div_(127).clamp_(min=_SMALLEST_SCALE)
+    quantized = torch.div(rows, scale).round_().to(torch.int8)
     # converted first: torch's mixed int32 x float32 multiply is far slower (docs/precision.md)
     out = torch._int_mm(quantized, weight.values.t()).float()
-    out.mul_(weight.scales).mul_(top / 127)
+    out.mul_(weight.scales).mul_(scale)
     if weight.bias is not None:
         out.add_(weight.bias)
     return out.view(*x.shape[:-1], weight.values.size(0))
