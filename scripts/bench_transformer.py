@@ -32,6 +32,7 @@ from pathlib import Path
 
 import sacrebleu
 import torch
+from bench_generate import cpu_description
 from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
@@ -54,17 +55,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-1-sentences", type=int, default=60,
                         help="sentences timed at batch size 1 (it is slow for fairseq)")
     return parser.parse_args()
-
-
-def cpu_description() -> str:
-    """The CPU's model name and its vector flags, printed with every figure."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), "unknown CPU")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
-                  if line.startswith("flags")), [])
-    wanted = [f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c")]
-    return f"{name}; flags: {' '.join(wanted)}"
 
 
 def fairseq_decode(generator: object, model: torch.nn.Module, pad: int) -> Decode:

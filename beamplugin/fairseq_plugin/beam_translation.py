@@ -59,9 +59,10 @@ class BeamTranslationConfig(TranslationConfig):
     int8: bool = field(
         default=False,
         metadata={
-            "help": "CPU only: multiply the largest weights (vocabulary projection, decoder "
-            "convolutions) in int8, per output channel scales, activations quantized per "
-            "product; everything else and the search in float32"
+            "help": "CPU only: multiply the largest weights (vocabulary projection, "
+            "convolutions) in int8, scales per output channel and activations quantized per "
+            "row, so a sentence's result does not depend on its batch-mates; everything else "
+            "and the search in float32"
         },
     )
     # fairseq's --fp16 / --bf16 (fairseq-generate casts the models only for --fp16)
