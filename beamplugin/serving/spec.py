@@ -31,8 +31,103 @@ class SpecSettings:
 
 def openapi(settings: SpecSettings) -> dict[str, Any]:
     """The OpenAPI 3.1 document of a server with ``settings``."""
-    s = settings
-    translation_errors = _errors(
+    return {
+        "openapi": "3.1.0",
+        "info": _info(settings),
+        "paths": _paths(settings),
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": _schemas(settings),
+        },
+    }
+
+
+def _info(s: SpecSettings) -> dict[str, Any]:
+    return {
+        "title": "beamplugin-serve",
+        "version": "1",
+        "description": (
+            f"Translation {s.source} to {s.target} with fairseq models and beam search "
+            f"(beam {s.beam}); each translation is what fairseq-interactive prints for the "
+            "line. Errors are answered as {\"error\": \"...\"}."
+            + (" Translation requests need an API key: 'api_key' in the body or "
+               "'Authorization: Bearer KEY'." if s.keys else "")
+        ),  # fmt: skip
+    }
+
+
+def _paths(s: SpecSettings) -> dict[str, Any]:
+    """Every endpoint: its request, its answers, its errors."""
+    security = [{"bearer": []}, {}] if s.keys else []
+    translation_errors = _translation_errors(s)
+    return {
+        "/translate": {"post": {
+            "summary": "Translate (LibreTranslate's API)",
+            "security": security,
+            "requestBody": _body(_libre_request(s)),
+            "responses": {
+                "200": _json("The translations", {"$ref": "#/components/schemas/Libre"}),
+                **translation_errors,
+            },
+        }},  # fmt: skip
+        "/v1/translate": {"post": {
+            "summary": "Translate, with n-best lists, scores and alignments",
+            "security": security,
+            "requestBody": _body(_v1_request(s)),
+            "responses": {
+                "200": _json("Per sentence, in order, its best hypotheses",
+                             {"$ref": "#/components/schemas/NBest"}),
+                **translation_errors,
+            },  # fmt: skip
+        }},
+        "/languages": {"get": {
+            "summary": "The language pair (LibreTranslate's)",
+            "responses": {"200": _json("One source language and its target", {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["code", "name", "targets"],
+                    "properties": {
+                        "code": {"type": "string"}, "name": {"type": "string"},
+                        "targets": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            })},
+        }},  # fmt: skip
+        "/health": {"get": {
+            "summary": "Whether the server translates (open, for load balancers)",
+            "responses": {
+                "200": _json("It translates", {"$ref": "#/components/schemas/Health"}),
+                "503": _json("It does not: failed, restarting its decoder, or stopping",
+                             {"$ref": "#/components/schemas/Health"}),
+            },
+        }},  # fmt: skip
+        "/metrics": {"get": {
+            "summary": "Prometheus metrics",
+            "security": [] if s.metrics_open else security,
+            "responses": {
+                "200": {"description": "Prometheus' text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}}},
+                **_errors(None if s.metrics_open else (403, "No API key, or an unknown one")),
+            },
+        }},  # fmt: skip
+        "/spec": {"get": {
+            "summary": "This description",
+            "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})},
+        }},
+        "/docs": {"get": {
+            "summary": "This description, readable in a browser",
+            "responses": {"200": _html("A page that shows /spec")},
+        }},
+        "/": {"get": {
+            "summary": "A page to translate in a browser",
+            "responses": {"200": _html("The page")},
+        }},
+    }
+
+
+def _translation_errors(s: SpecSettings) -> dict[str, Any]:
+    return _errors(
         (400, "Bad input: the message says what (no sentence of the request is queued)"
          + (f"; also more than {s.char_limit} characters in all" if s.char_limit else "")),
         (403, "No API key, or an unknown one") if s.keys else None,
@@ -44,8 +139,11 @@ def openapi(settings: SpecSettings) -> dict[str, Any]:
               "restarting", True),
         (504, "Not translated within --request-timeout; the request's sentences are cancelled"),
     )  # fmt: skip
-    security = [{"bearer": []}, {}] if s.keys else []
-    libre_request = {
+
+
+def _libre_request(s: SpecSettings) -> dict[str, Any]:
+    """LibreTranslate's request body."""
+    return {
         "type": "object",
         "required": ["q", "source", "target"],
         "properties": {
@@ -67,7 +165,11 @@ def openapi(settings: SpecSettings) -> dict[str, Any]:
             "api_key": {"type": "string"},
         },
     }
-    v1_request = {
+
+
+def _v1_request(s: SpecSettings) -> dict[str, Any]:
+    """The n-best endpoint's request body."""
+    return {
         "type": "object",
         "required": ["sentences"],
         "properties": {
@@ -82,88 +184,6 @@ def openapi(settings: SpecSettings) -> dict[str, Any]:
             "source": {"type": "string", "enum": [s.source, "auto"]},
             "target": {"type": "string", "enum": [s.target]},
             "api_key": {"type": "string"},
-        },
-    }
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "beamplugin-serve",
-            "version": "1",
-            "description": (
-                f"Translation {s.source} to {s.target} with fairseq models and beam search "
-                f"(beam {s.beam}); each translation is what fairseq-interactive prints for the "
-                "line. Errors are answered as {\"error\": \"...\"}."
-                + (" Translation requests need an API key: 'api_key' in the body or "
-                   "'Authorization: Bearer KEY'." if s.keys else "")
-            ),  # fmt: skip
-        },
-        "paths": {
-            "/translate": {"post": {
-                "summary": "Translate (LibreTranslate's API)",
-                "security": security,
-                "requestBody": _body(libre_request),
-                "responses": {
-                    "200": _json("The translations", {"$ref": "#/components/schemas/Libre"}),
-                    **translation_errors,
-                },
-            }},  # fmt: skip
-            "/v1/translate": {"post": {
-                "summary": "Translate, with n-best lists, scores and alignments",
-                "security": security,
-                "requestBody": _body(v1_request),
-                "responses": {
-                    "200": _json("Per sentence, in order, its best hypotheses",
-                                 {"$ref": "#/components/schemas/NBest"}),
-                    **translation_errors,
-                },  # fmt: skip
-            }},
-            "/languages": {"get": {
-                "summary": "The language pair (LibreTranslate's)",
-                "responses": {"200": _json("One source language and its target", {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["code", "name", "targets"],
-                        "properties": {
-                            "code": {"type": "string"}, "name": {"type": "string"},
-                            "targets": {"type": "array", "items": {"type": "string"}},
-                        },
-                    },
-                })},
-            }},  # fmt: skip
-            "/health": {"get": {
-                "summary": "Whether the server translates (open, for load balancers)",
-                "responses": {
-                    "200": _json("It translates", {"$ref": "#/components/schemas/Health"}),
-                    "503": _json("It does not: failed, restarting its decoder, or stopping",
-                                 {"$ref": "#/components/schemas/Health"}),
-                },
-            }},  # fmt: skip
-            "/metrics": {"get": {
-                "summary": "Prometheus metrics",
-                "security": [] if s.metrics_open else security,
-                "responses": {
-                    "200": {"description": "Prometheus' text format",
-                            "content": {"text/plain": {"schema": {"type": "string"}}}},
-                    **_errors(None if s.metrics_open else (403, "No API key, or an unknown one")),
-                },
-            }},  # fmt: skip
-            "/spec": {"get": {
-                "summary": "This description",
-                "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})},
-            }},
-            "/docs": {"get": {
-                "summary": "This description, readable in a browser",
-                "responses": {"200": _html("A page that shows /spec")},
-            }},
-            "/": {"get": {
-                "summary": "A page to translate in a browser",
-                "responses": {"200": _html("The page")},
-            }},
-        },
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": _schemas(s),
         },
     }
 
