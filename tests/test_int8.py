@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from builders import BUILDERS, ORDERS, alone, assert_same, make_batch, stream
+from builders import BUILDERS, ORDERS, alone, assert_same, build_transformer, make_batch, stream
 from precision_bounds import N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
@@ -173,13 +173,15 @@ def test_a_batch_in_int8_equals_each_sentence_alone(vocab, convs2s, levels, monk
      dict(beam_size=5, nbest=2)],
     ids=str,
 )  # fmt: skip
+@pytest.mark.parametrize("arch", ["convs2s", "transformer"])
 def test_stream_in_int8_equals_each_sentence_alone_in_int8(
-    vocab, convs2s, sentences, options, levels, monkeypatch
+    vocab, convs2s, sentences, options, levels, arch, monkeypatch
 ):
-    model = in_int8(convs2s, monkeypatch)
+    original = convs2s if arch == "convs2s" else build_transformer(vocab, 1)
+    model = in_int8(original, monkeypatch)
     gen = SequenceGenerator([model], vocab, **{"max_len_b": 20, **options})
     expected = [alone(gen, s) for s in sentences]
-    float32 = SequenceGenerator([convs2s], vocab, **{"max_len_b": 20, **options})
+    float32 = SequenceGenerator([original], vocab, **{"max_len_b": 20, **options})
     assert any(
         float(a[0]["score"]) != float(b[0]["score"])
         for a, b in zip(expected, [alone(float32, s) for s in sentences], strict=True)

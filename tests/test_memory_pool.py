@@ -1,12 +1,22 @@
 """The convs2s attention memory pool on hand-made memories: slots written, moved, widened and
 narrowed, and the decoder's view always showing the current slots, in groups each cut to its
-widest source."""
+widest source; widths in multiples of the vector lanes.
+
+The mechanics are checked with one position a lane (``LANES`` = 1), so that widths are the
+sources' own."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from beamplugin.modules import MemoryPool, attention_memory_pool
+from beamplugin.modules import memory_pool as memory_pool_module
+
+
+@pytest.fixture
+def one_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory_pool_module, "LANES", 1)
 
 
 def memory(values: list[list[float]], padded: list[int] | None = None) -> dict:
@@ -44,7 +54,7 @@ def seen(view: dict) -> list[tuple[list[float], list[bool], float]]:
     return rows
 
 
-def test_slots_are_written_moved_widened_and_narrowed():
+def test_slots_are_written_moved_widened_and_narrowed(one_lane):
     pool = attention_memory_pool()
     pool.write(0, memory([[1, 2], [3, 4]]), slice(0, 2), 2)  # a new batch is taken as it is
     assert slots(pool, 2) == [([1, 2], [False, False], 1.0), ([3, 4], [False, False], 2.0)]
@@ -74,7 +84,7 @@ def test_slots_are_written_moved_widened_and_narrowed():
     assert slots(pool, 1) == [([7, 7], [False, False], 1.0)]
 
 
-def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width():
+def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width(one_lane):
     """Sentences encoded together ahead of admission join one by one: each write takes its
     rows, cut to their own width, and never changes the encoder output the others wait in."""
     encoded = memory([[0, 0, 1], [0, 2, 3], [4, 5, 6]], padded=[2, 1, 0])
@@ -91,7 +101,7 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width():
         assert torch.equal(tensor, before[name]), name
 
 
-def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source():
+def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source(one_lane):
     pool = attention_memory_pool()
     pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
     pool.write(1, memory([[3, 4, 5, 6]]), slice(0, 1), 4)
@@ -106,3 +116,22 @@ def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source():
     assert seen(narrow) == [([1, 2], [False, False], 1.0)]
     assert seen(wide) == [([3, 4, 5, 6], [False] * 4, 1.0),
                           ([0, 0, 0, 8], [True, True, True, False], 1.0)]
+
+
+def test_widths_are_multiples_of_the_lanes(monkeypatch):
+    """Every width the decoder reads is a multiple of the lanes, each sentence's own positions
+    last: a new batch of width 2 is padded to 4, a group is cut to its widest source rounded
+    up, and the pool narrows only to a multiple of the lanes."""
+    monkeypatch.setattr(memory_pool_module, "LANES", 4)
+    pool = attention_memory_pool()
+    pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
+    assert pool.width == 4
+    assert slots(pool, 1) == [([0, 0, 1, 2], [True, True, False, False], 1.0)]
+    pool.write(1, memory([[3, 4, 5, 6, 7]]), slice(0, 1), 5)
+    assert pool.width == 8
+    (first, _), (second, _) = pool.view([(1, 1), (1, 1)])["attention_groups"]
+    assert seen(first) == [([0, 0, 1, 2], [True, True, False, False], 1.0)]
+    assert seen(second) == [([0, 0, 0, 3, 4, 5, 6, 7], [True] * 3 + [False] * 5, 1.0)]
+    pool.rearrange([0])
+    assert pool.width == 4
+    assert slots(pool, 1) == [([0, 0, 1, 2], [True, True, False, False], 1.0)]

@@ -6,7 +6,10 @@ reproduce decodes batch after batch, and the log says why."""
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.nn.functional as F
 from builders import ORDERS, alone, assert_same, build_transformer, make_batch, stream
+from fairseq.optim.nag import NAG
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
@@ -59,3 +62,55 @@ def test_a_variant_not_reproduced_decodes_batch_after_batch_and_says_why(
     assert "an adaptive softmax" in caplog.text
     assert engine.refills == 0
     assert_same([alone(gen, s) for s in sentences], out, check_attention=False)
+
+
+def test_a_generator_kept_across_training_follows_the_weights(vocab):
+    """fairseq's task builds its generator once and validates with it between updates, and
+    fairseq's optimizers write through ``p.data`` (no version bump): the prepared weights must
+    still follow a training step and a state dict load."""
+    model = build_transformer(vocab, 1)
+    options = dict(beam_size=3, max_len_b=8)
+    kept = SequenceGenerator([model], vocab, **options)
+    sample = make_batch(vocab, 4, seed=5)
+
+    def check() -> list:
+        out = kept.generate([model], sample)
+        assert_same(FairseqGenerator([model], vocab, **options).generate([model], sample), out)
+        return out
+
+    before = check()
+    model.train()
+    optimizer = NAG(model.parameters(), lr=0.01)  # writes through p.data
+    targets = sample["net_input"]["src_tokens"]  # learn to copy the source
+    logits, _ = model(**sample["net_input"], prev_output_tokens=targets)
+    F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=vocab.pad()).backward()
+    optimizer.step()
+    model.eval()
+    after = check()
+    assert any(
+        not torch.equal(a[0]["positional_scores"], b[0]["positional_scores"])
+        for a, b in zip(after, before, strict=True)
+    )
+    model.load_state_dict(build_transformer(vocab, 2).state_dict())
+    check()
+
+
+@pytest.mark.parametrize(
+    "options", [dict(beam_size=4), dict(beam_size=5, nbest=3, len_penalty=0.5)], ids=str
+)
+def test_a_stream_gives_each_sentence_the_very_bits_it_gets_alone(vocab, sentences, options):
+    """Not only within float rounding: widths in multiples of the vector lanes (sources,
+    memory, self-attention history) and products that give a row the same bits whatever the
+    rows beside it make each sentence's scores and attention bit-identical."""
+    gen = SequenceGenerator([build_transformer(vocab, 1)], vocab, max_len_b=20, **options)
+    expected = [alone(gen, s) for s in sentences]
+    for order in ORDERS.values():
+        out, engine = stream(gen, sentences, order, window=4, max_sentences=5)
+        assert engine.refills > 0
+        for ours, theirs in zip(out, expected, strict=True):
+            assert len(ours) == len(theirs)
+            for o, t in zip(ours, theirs, strict=True):
+                assert torch.equal(o["tokens"], t["tokens"])
+                assert torch.equal(o["positional_scores"], t["positional_scores"])
+                width = t["attention"].size(0)
+                assert torch.equal(o["attention"][-width:], t["attention"])

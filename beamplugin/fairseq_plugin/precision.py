@@ -20,6 +20,7 @@ import logging
 from collections.abc import Iterable
 
 import torch
+from fairseq.models.transformer import TransformerModelBase
 from torch import nn
 
 from beamplugin.modules import linear as linear_module
@@ -91,16 +92,24 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
     for device in sorted(devices, key=str):
         check_precision(precision, device)
     caches = [m for model in models for m in model.modules() if isinstance(m, InferenceCache)]
+    # fairseq transformers' decoders: their steps run on prepared weights
+    # (beamplugin.models.transformer_weights), made in int8 where this flag is set
+    transformer_decoders = [m.decoder for m in models if isinstance(m, TransformerModelBase)]
     if precision == "int8":
         large = sum(
             max(p.numel() for p in m.parameters()) >= linear_module.INT8_MIN_WEIGHTS
             for m in caches
+        ) + sum(
+            p.numel() >= linear_module.INT8_MIN_WEIGHTS
+            for decoder in transformer_decoders
+            for p in decoder.parameters()
         )
         if not large:
             raise ValueError(
                 "--int8: these models have no weight for int8 products (beamplugin's convs2s "
-                f"multiplies weights of {linear_module.INT8_MIN_WEIGHTS} elements or more in "
-                "int8); they would decode in float32: leave out --int8"
+                "and fairseq's transformer decoder multiply weights of "
+                f"{linear_module.INT8_MIN_WEIGHTS} elements or more in int8); they would "
+                "decode in float32: leave out --int8"
             )
         levels = linear_module.int8_weight_levels()
         logger.info(
@@ -112,6 +121,6 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
         )
     for model in models:
         model.to(dtype)
-    for module in caches:
+    for module in caches + transformer_decoders:
         module.int8_products = precision == "int8"
     return dtype

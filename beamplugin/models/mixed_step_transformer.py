@@ -21,16 +21,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from fairseq import utils
 from fairseq.models.transformer import TransformerModelBase
-from fairseq.modules import LearnedPositionalEmbedding, MultiheadAttention
+from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
-from beamplugin.modules.linear import linear, pack_weight
-from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled
+from beamplugin.models.transformer_weights import DecoderWeights, LayerWeights
+from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
 
 Memory = dict[str, Tensor | None]
-Product = Callable[[nn.Linear, Tensor], Tensor]
 
 
 def mixed_step_view(model: nn.Module) -> tuple[nn.Module | None, str | None]:
@@ -61,6 +59,9 @@ def _unsupported(model: TransformerModelBase) -> str | None:
         for attention in (layer.self_attn, layer.encoder_attn):
             if attention.bias_k is not None or attention.add_zero_attn:
                 return "attention bias_kv or zero attention"
+        first, own = decoder.layers[0].self_attn, layer.self_attn
+        if (own.num_heads, own.head_dim) != (first.num_heads, first.head_dim):
+            return "self-attention of different shapes in different layers"
     return None
 
 
@@ -70,8 +71,9 @@ class MixedStepTransformer(nn.Module):
     def __init__(self, model: TransformerModelBase) -> None:
         super().__init__()
         self.model = model
-        self.encoder = PooledTransformerEncoder(model.encoder, model.decoder)
-        self.decoder = MixedStepTransformerDecoder(model.decoder)
+        weights = DecoderWeights(model.decoder)
+        self.encoder = PooledTransformerEncoder(model.encoder, model.decoder, weights)
+        self.decoder = MixedStepTransformerDecoder(model.decoder, weights)
 
     def max_decoder_positions(self) -> int:
         return self.model.max_decoder_positions()
@@ -84,15 +86,16 @@ class MixedStepTransformer(nn.Module):
 
 class PooledTransformerEncoder(nn.Module):
     """fairseq's encoder, whose output also carries every decoder layer's cross-attention keys
-    and values per sentence (``attention_memory``), for a memory pool."""
+    and values per sentence (``attention_memory``), for a memory pool. Each forward checks the
+    decoder's prepared weights (:meth:`DecoderWeights.current`), so that steps need not."""
 
-    def __init__(self, encoder: nn.Module, decoder: nn.Module) -> None:
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, weights: DecoderWeights) -> None:
         super().__init__()
         self.encoder = encoder
         self.cross_attentions = nn.ModuleList(layer.encoder_attn for layer in decoder.layers)
-        layers = range(len(decoder.layers))
+        self.weights = weights
         self.layout: Layout = {"bias": Pooled(width_dim=3, padding=-math.inf)}
-        for layer in layers:
+        for layer in range(len(decoder.layers)):
             self.layout[f"keys{layer}"] = Pooled(width_dim=3, padding=0.0)
             self.layout[f"values{layer}"] = Pooled(width_dim=2, padding=0.0)
 
@@ -100,6 +103,15 @@ class PooledTransformerEncoder(nn.Module):
         return self.encoder.max_positions()
 
     def forward_torchscript(self, net_input: dict[str, Tensor]) -> dict[str, Any]:
+        """fairseq's encoder output and the attention memory, the sources left-padded to a
+        multiple of the vector lanes (beamplugin.modules.memory_pool: the encoder's attention
+        then gives each sentence the same bits alone or batched)."""
+        self.weights.current()
+        tokens = net_input["src_tokens"]
+        width = tokens.size(1)
+        if width != lane_width(width):
+            tokens = F.pad(tokens, (lane_width(width) - width, 0), value=self.encoder.padding_idx)
+            net_input = {**net_input, "src_tokens": tokens}
         out = self.encoder.forward_torchscript(net_input)
         out["attention_memory"] = self.attention_memory(out)
         return out
@@ -130,17 +142,28 @@ class PooledTransformerEncoder(nn.Module):
 
 
 class MixedStepTransformerDecoder(nn.Module):
-    """fairseq's transformer decoder for rows at different steps, one step at a time."""
+    """fairseq's transformer decoder (eval mode: no dropout) for rows at different steps, one
+    step at a time, on the prepared weights of :class:`DecoderWeights`.
+
+    The incremental state holds every layer's self-attention keys and values in one tensor,
+    ``history`` ``[2 x layers, rows, heads, width, head_dim]`` (keys of layer ``l`` at ``2l``,
+    values at ``2l + 1``): each row's own steps last, the very last column this step's, the
+    width a multiple of the vector lanes (as the memory pool's, for bit-identical results alone
+    or batched), the columns before the longest history zeros. A reorder is only noted; the
+    next step gathers the rows it keeps into a new history, one copy for all layers (rows of
+    sentences that join are gathered from any row: their history is padding, masked)."""
 
     decodes_mixed_steps = True
     reads_encoder_out_per_sentence = True
 
-    def __init__(self, decoder: nn.Module) -> None:
+    def __init__(self, decoder: nn.Module, weights: DecoderWeights) -> None:
         super().__init__()
         self.decoder = decoder
+        self.weights = weights
         self.pad = decoder.padding_idx
         self.alignment_layer = len(decoder.layers) - 1
-        self.product = PackedProducts()
+        attention = decoder.layers[0].self_attn
+        self.heads, self.head_dim = attention.num_heads, attention.head_dim
 
     def forward(
         self,
@@ -151,9 +174,57 @@ class MixedStepTransformerDecoder(nn.Module):
         """The next token's logits ``[rows, 1, vocab]`` of every row of ``prev_output_tokens``
         (``[rows, steps + 1]``, right-aligned, pad before a row's own tokens), and the last
         layer's cross-attention averaged over heads (``{"attn": [[rows, 1, src]]}``)."""
-        d = self.decoder
+        d, weights = self.decoder, self.weights
         tokens = prev_output_tokens
-        x = d.embed_scale * d.embed_tokens(tokens[:, -1:])
+        rows, steps = tokens.shape
+        x = self._embed(tokens)  # rows x embed
+        history = self._history(incremental_state, rows, steps, x)
+        width = history.size(3)
+        # -inf before each row's own steps (masked whether or not any is padding: no host sync)
+        own_bias = x.new_full((rows, 1, 1, width), -math.inf)
+        own_bias[:, :, :, width - steps :].masked_fill_(
+            tokens.ne(self.pad).view(rows, 1, 1, steps), 0.0
+        )
+        own_bias = own_bias.expand(rows, self.heads, 1, width).reshape(-1, 1, width)
+        groups = [
+            (memory, group_rows, _cross_bias(memory, group_rows, self.heads))
+            for memory, group_rows in encoder_out["attention_groups"]
+        ]
+        attn = None
+        for index, (layer, prepared) in enumerate(zip(d.layers, weights.layers, strict=True)):
+            need_attn = index == self.alignment_layer
+            residual = x
+            if layer.normalize_before:
+                x = _norm(layer.self_attn_layer_norm, x)
+            x = residual + self._self_attention(prepared, x, history, index, own_bias)
+            if not layer.normalize_before:
+                x = _norm(layer.self_attn_layer_norm, x)
+            residual = x
+            if layer.normalize_before:
+                x = _norm(layer.encoder_attn_layer_norm, x)
+            context, layer_attn = _cross_attention(prepared, x, groups, index, need_attn)
+            x = residual + context
+            if need_attn:
+                attn = layer_attn
+            if not layer.normalize_before:
+                x = _norm(layer.encoder_attn_layer_norm, x)
+            residual = x
+            if layer.normalize_before:
+                x = _norm(layer.final_layer_norm, x)
+            x = residual + prepared.fc2(_activation(layer.activation_fn, prepared.fc1(x)))
+            if not layer.normalize_before:
+                x = _norm(layer.final_layer_norm, x)
+        if d.layer_norm is not None:
+            x = _norm(d.layer_norm, x)
+        if d.project_out_dim is not None:
+            x = d.project_out_dim(x)
+        logits = weights.output(x)
+        return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        """fairseq's embedding of each row's last token at its own position: ``[rows, embed]``."""
+        d = self.decoder
+        x = d.embed_scale * d.embed_tokens(tokens[:, -1])
         if d.quant_noise is not None:
             x = d.quant_noise(x)
         if d.project_in_dim is not None:
@@ -162,174 +233,118 @@ class MixedStepTransformerDecoder(nn.Module):
             x += self._positions(tokens)
         if d.layernorm_embedding is not None:
             x = d.layernorm_embedding(x)
-        x = x.transpose(0, 1)  # 1 x rows x embed, as fairseq's layers take it
-        history_mask = tokens.eq(self.pad)  # masked whether or not any is: no host sync
-        groups = encoder_out["attention_groups"]
-        attn = None
-        for index, layer in enumerate(d.layers):
-            need_attn = index == self.alignment_layer
-            x, layer_attn = self._layer(
-                index, layer, x, groups, incremental_state, history_mask, need_attn
-            )
-            if need_attn:
-                attn = layer_attn
-        if d.layer_norm is not None:
-            x = d.layer_norm(x)
-        x = x.transpose(0, 1)
-        if d.project_out_dim is not None:
-            x = d.project_out_dim(x)
-        return self.product(d.output_projection, x), {"attn": [attn], "inner_states": None}
+        return x
 
     def _positions(self, tokens: Tensor) -> Tensor:
-        """``[rows, 1, embed]``: each row's position, pad + its own tokens (fairseq's)."""
+        """``[rows, embed]``: each row's position, pad + its own tokens (fairseq's)."""
         embed = self.decoder.embed_positions
-        index = tokens.ne(self.pad).sum(1, keepdim=True) + self.pad
+        index = tokens.ne(self.pad).sum(1) + self.pad
         if isinstance(embed, LearnedPositionalEmbedding):
             return F.embedding(index, embed.weight, embed.padding_idx, embed.max_norm,
                                embed.norm_type, embed.scale_grad_by_freq, embed.sparse)
-        return embed.weights.index_select(0, index.view(-1)).unsqueeze(1).detach()
+        return embed.weights.index_select(0, index).detach()
 
-    def _layer(
-        self,
-        index: int,
-        layer: nn.Module,
-        x: Tensor,
-        groups: list[tuple[Memory, int]],
-        state: dict[str, Tensor],
-        history_mask: Tensor,
-        need_attn: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        """fairseq's TransformerDecoderLayer (eval mode: no dropout) for one step."""
-        residual = x
-        if layer.normalize_before:
-            x = layer.self_attn_layer_norm(x)
-        x = _self_attention(layer.self_attn, x, state, f"{index}", history_mask, self.product)
-        x = layer.residual_connection(x, residual)
-        if not layer.normalize_before:
-            x = layer.self_attn_layer_norm(x)
-        residual = x
-        if layer.normalize_before:
-            x = layer.encoder_attn_layer_norm(x)
-        x, attn = _cross_attention(
-            layer.encoder_attn, x, groups, index, need_attn, self.product
-        )
-        x = layer.residual_connection(x, residual)
-        if not layer.normalize_before:
-            x = layer.encoder_attn_layer_norm(x)
-        residual = x
-        if layer.normalize_before:
-            x = layer.final_layer_norm(x)
-        x = self.product(layer.fc2, layer.activation_fn(self.product(layer.fc1, x)))
-        x = layer.residual_connection(x, residual)
-        if not layer.normalize_before:
-            x = layer.final_layer_norm(x)
-        return x, attn
+    def _history(self, state: dict[str, Tensor], rows: int, steps: int, like: Tensor) -> Tensor:
+        """This step's self-attention history: the last step's ``steps - 1`` columns, its rows
+        gathered in the order noted by the reorder, then a free column, zeros before."""
+        old, order = state.get("history"), state.pop("order", None)
+        layers, width = len(self.decoder.layers), lane_width(steps)
+        history = like.new_empty(2 * layers, rows, self.heads, width, self.head_dim)
+        if width > steps:  # masked, but never garbage: 0 x NaN would not be 0
+            history[:, :, :, : width - steps].zero_()
+        if old is not None and steps > 1:
+            window = old[:, :, :, old.size(3) - steps + 1 :]
+            kept = history[:, :, :, width - steps : -1]
+            if order is None:
+                kept.copy_(window)
+            else:
+                torch.index_select(window, 1, order, out=kept)
+        state["history"] = history
+        return history
+
+    def _self_attention(
+        self, prepared: LayerWeights, x: Tensor, history: Tensor, layer: int, bias: Tensor
+    ) -> Tensor:
+        """fairseq's incremental self-attention of ``x`` ``[rows, embed]`` over each row's
+        history (its keys and values at ``history[2 * layer]``, ``[2 * layer + 1]``; this
+        step's written in the last column); ``bias`` ``[rows x heads, 1, width]``: -inf at
+        padding."""
+        rows, embed = x.shape
+        heads, head_dim = self.heads, self.head_dim
+        qkv = prepared.self_qkv(x)
+        width = history.size(3)
+        history[2 * layer : 2 * layer + 2, :, :, -1] = qkv[:, embed:].view(
+            rows, 2, heads, head_dim
+        ).transpose(0, 1)
+        keys = history[2 * layer].view(rows * heads, width, head_dim)
+        values = history[2 * layer + 1].view(rows * heads, width, head_dim)
+        query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
+        scores = torch.baddbmm(bias, query, keys.transpose(1, 2))
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
+        return prepared.self_out(torch.bmm(probs, values).view(rows, embed))
 
     def reorder_incremental_state(
         self, incremental_state: dict[str, Tensor], new_order: Tensor, fresh_rows: int = 0
     ) -> None:
-        """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh (their
-        history is padding: masked, so zeros do)."""
-        for name, cached in incremental_state.items():
-            cached = cached.index_select(0, new_order)
-            if fresh_rows:
-                cached[-fresh_rows:] = 0
-            incremental_state[name] = cached
+        """Keep the rows ``new_order`` (noted: the next step gathers them); the last
+        ``fresh_rows`` of them start afresh, which needs nothing (their history is padding,
+        masked)."""
+        noted = incremental_state.get("order")
+        incremental_state["order"] = (
+            new_order if noted is None else noted.index_select(0, new_order)
+        )
 
 
-def _self_attention(
-    attention: MultiheadAttention,
-    x: Tensor,
-    state: dict[str, Tensor],
-    name: str,
-    history_mask: Tensor,
-    product: Product,
-) -> Tensor:
-    """fairseq's incremental self-attention of ``x`` (``1 x rows x embed``) over each row's
-    history; the keys and values of the history are ``state[name + "k"/"v"]``, ``[rows, heads,
-    steps, head_dim]``, cut on the left to the rows' history: ``history_mask`` ``[rows,
-    steps]``, True at padding."""
-    _, rows, embed = x.shape
-    heads, head_dim = attention.num_heads, attention.head_dim
-    q = product(attention.q_proj, x)
-    k = product(attention.k_proj, x)
-    v = product(attention.v_proj, x)
-    q *= attention.scaling
-    q = q.contiguous().view(1, rows * heads, head_dim).transpose(0, 1)
-    k = k.contiguous().view(-1, rows * heads, head_dim).transpose(0, 1)
-    v = v.contiguous().view(-1, rows * heads, head_dim).transpose(0, 1)
-    steps = history_mask.size(1)
-    if name + "k" in state:
-        prev_k = state[name + "k"].view(rows * heads, -1, head_dim)
-        prev_v = state[name + "v"].view(rows * heads, -1, head_dim)
-        k = torch.cat([prev_k, k], dim=1)[:, -steps:]
-        v = torch.cat([prev_v, v], dim=1)[:, -steps:]
-    state[name + "k"] = k.view(rows, heads, -1, head_dim)
-    state[name + "v"] = v.view(rows, heads, -1, head_dim)
-    weights = torch.bmm(q, k.transpose(1, 2)).view(rows, heads, 1, steps)
-    weights = weights.masked_fill(history_mask.view(rows, 1, 1, steps), float("-inf"))
-    weights = weights.view(rows * heads, 1, steps)
-    probs = utils.softmax(weights, dim=-1).type_as(weights)
-    out = torch.bmm(probs, v).transpose(0, 1).contiguous().view(1, rows, embed)
-    return product(attention.out_proj, out)
+def _norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _activation(activation: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    return x.relu_() if activation is F.relu else activation(x)
+
+
+def _cross_bias(memory: Memory, rows: int, heads: int) -> Tensor:
+    """The padding bias of a group's sources for its rows and heads: ``[sentences x heads, rows
+    of each, src]``."""
+    bias = memory["bias"]
+    sentences, width = bias.size(0), bias.size(3)
+    each = rows // sentences
+    return bias.expand(sentences, heads, each, width).reshape(-1, each, width)
 
 
 def _cross_attention(
-    attention: MultiheadAttention,
+    prepared: LayerWeights,
     x: Tensor,
-    groups: list[tuple[Memory, int]],
+    groups: list[tuple[Memory, int, Tensor]],
     layer: int,
     need_weights: bool,
-    product: Product,
 ) -> tuple[Tensor, Tensor | None]:
-    """fairseq's encoder-decoder attention of ``x`` (``1 x rows x embed``): each group of rows
-    (its sentences' memory, its rows, sentence-major) reads its sentences' keys and values.
-    The weights, averaged over heads, come back ``[rows, 1, src]``, groups left-padded to the
-    widest."""
-    _, rows, embed = x.shape
-    heads, head_dim = attention.num_heads, attention.head_dim
-    q = product(attention.q_proj, x)
-    q *= attention.scaling
-    q = q.view(rows, heads, head_dim)
-    context = q.new_empty(rows, heads, head_dim)
-    weights, first = [], 0
-    for memory, group_rows in groups:
+    """fairseq's encoder-decoder attention of ``x`` ``[rows, embed]``: each group of rows (its
+    sentences' memory, its rows, sentence-major, and their padding bias) reads its sentences'
+    keys and values. The weights, averaged over heads, come back ``[rows, 1, src]``, groups
+    left-padded to the widest."""
+    rows, embed = x.shape
+    q = prepared.cross_query(x)
+    contexts, weights, first = [], [], 0
+    for memory, group_rows, bias in groups:
         keys, values = memory[f"keys{layer}"], memory[f"values{layer}"]
-        sentences, width = keys.size(0), keys.size(3)
+        sentences, heads, head_dim, width = keys.shape
         each = group_rows // sentences
         query = q[first : first + group_rows].view(sentences, each, heads, head_dim)
         query = query.transpose(1, 2).reshape(sentences * heads, each, head_dim)
-        scores = torch.bmm(query, keys.view(sentences * heads, head_dim, width))
-        scores = scores.view(sentences, heads, each, width) + memory["bias"]
-        probs_float = utils.softmax(scores, dim=-1)
-        probs = probs_float.type_as(scores).view(sentences * heads, each, width)
+        scores = torch.baddbmm(bias, query, keys.view(sentences * heads, head_dim, width))
+        probs_float = F.softmax(scores, dim=-1, dtype=torch.float32)
+        probs = probs_float.type_as(scores)
         out = torch.bmm(probs, values.view(sentences * heads, width, head_dim))
-        context[first : first + group_rows] = (
-            out.view(sentences, heads, each, head_dim).transpose(1, 2).reshape(-1, heads, head_dim)
-        )
+        out = out.view(sentences, heads, each, head_dim).transpose(1, 2)
+        contexts.append(out.reshape(group_rows, embed))
         if need_weights:
-            weights.append(probs_float.mean(dim=1).reshape(group_rows, 1, width))
+            per_head = probs_float.view(sentences, heads, each, width)
+            weights.append(per_head.mean(dim=1).reshape(group_rows, 1, width))
         first += group_rows
-    out = product(attention.out_proj, context.view(1, rows, embed))
+    context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)
+    out = prepared.cross_out(context)
     if not need_weights:
         return out, None
     widest = max(w.size(-1) for w in weights)
     return out, torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights]).to(x)
-
-
-class PackedProducts:
-    """fairseq's ``nn.Linear`` layers computed with beamplugin.modules.linear: a large weight's
-    oneDNN packing is kept while the weight is unchanged (its storage and version)."""
-
-    def __init__(self) -> None:
-        self._packed: dict[int, tuple[tuple[int, int, torch.dtype], Tensor | None]] = {}
-
-    def __call__(self, module: nn.Linear, x: Tensor) -> Tensor:
-        return linear(x, module.weight, module.bias, lambda: self._packing(module.weight))
-
-    def _packing(self, weight: Tensor) -> Tensor | None:
-        key = (weight._version, weight.data_ptr(), weight.dtype)
-        kept = self._packed.get(id(weight))
-        if kept is None or kept[0] != key:
-            kept = self._packed[id(weight)] = (key, pack_weight(weight))
-        return kept[1]

@@ -171,6 +171,41 @@ def pack_weight(weight: Tensor) -> Tensor | None:
     return None if _onednn_pack is None else _onednn_pack(weight, None)
 
 
+class PreparedLinear(NamedTuple):
+    """A product's weight made ready once for inference (:func:`prepare_linear`): the plain
+    weight and bias, oneDNN's packing of the weight whatever its size, or int8 values where int8
+    products are on for a weight this large.
+
+    Through oneDNN's packed weight each row's result has the same bits whatever the number of
+    rows (MKL's ``F.linear`` takes other kernels for 1 to 3 rows), so a sentence decodes the same
+    alone or batched; for a single 256 x 256 projection at a few rows MKL would be a little
+    faster (docs/speed.md)."""
+
+    weight: Tensor
+    bias: Tensor | None
+    packed: Tensor | None
+    int8: Int8Weight | None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.int8 is not None:
+            return int8_linear(x, self.int8)
+        if self.packed is None or x.dtype != self.weight.dtype or torch.is_grad_enabled():
+            return F.linear(x, self.weight, self.bias)
+        out = _onednn_linear(x.reshape(-1, x.size(-1)), self.packed, self.bias, "none", [], "")
+        return out.view(*x.shape[:-1], self.weight.size(0))
+
+
+def prepare_linear(weight: Tensor, bias: Tensor | None, int8: bool = False) -> PreparedLinear:
+    """``weight`` and ``bias`` (detached) ready for products without autograd; with ``int8``,
+    a weight of at least ``INT8_MIN_WEIGHTS`` elements is multiplied in int8."""
+    weight = weight.detach()
+    bias = None if bias is None else bias.detach()
+    if int8 and weight.numel() >= INT8_MIN_WEIGHTS:
+        return PreparedLinear(weight, bias, None, pack_int8(weight, bias))
+    on_onednn = weight.device.type == "cpu" and weight.dtype in ONEDNN_DTYPES
+    return PreparedLinear(weight, bias, pack_weight(weight) if on_onednn else None, None)
+
+
 class InferenceCache(nn.Module):
     """Keeps tensors derived from a module's parameters for inference (a folded, re-laid-out or
     packed weight) while those parameters are unchanged.

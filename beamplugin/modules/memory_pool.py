@@ -10,6 +10,12 @@ into its slot: no step copies the whole pool. The pool widens when a longer sour
 narrows once the sources in flight need less than half its width. The decoder reads it in
 groups of consecutive slots, each cut to the widest source among them: the attention products
 grow with the positions they read.
+
+Widths are multiples of :data:`LANES` positions: torch's CPU reductions over a row (the
+softmax's sum) run in vectors of at most that many lanes, so with the row's own positions last
+and its width a multiple of the lanes, each position meets the same lanes in the same order
+however much padding precedes it, and a sentence's attention has the same bits alone or
+batched (padding adds exact zeros).
 """
 
 from __future__ import annotations
@@ -21,6 +27,13 @@ from torch import Tensor
 from beamplugin.runtime.host_transfer import to_device
 
 Memory = dict[str, Tensor | None]
+
+LANES = 16  # float32 lanes of AVX512 (AVX2's 8 divide it)
+
+
+def lane_width(width: int) -> int:
+    """``width`` rounded up to a multiple of :data:`LANES`."""
+    return -(-width // LANES) * LANES
 
 
 class Pooled(NamedTuple):
@@ -67,23 +80,27 @@ class MemoryPool:
         source = encoder_out["attention_memory"]
         new = narrowed(source, self.layout, rows, width)
         count = next(t for t in new.values() if t is not None).size(0)
-        if first_slot == 0:  # a new batch: its memory becomes the pool
+        if first_slot == 0:  # a new batch
+            self.memory, self.widths = {}, []
+        self.widths = self.widths[:first_slot] + [width] * count
+        width = lane_width(max(self.widths))
+        if first_slot == 0 and new_width(new, self.layout) == width:
+            # its memory becomes the pool
             if any(t is not None and t.shape != source[name].shape for name, t in new.items()):
                 # part of an encoder output that other sentences still wait to use: a copy
                 new = {k: None if t is None else t.clone() for k, t in new.items()}
-            self.memory, self.widths = new, [width] * count
+            self.memory = new
             return
-        self.widths = self.widths[:first_slot] + [width] * count
-        width = max(self.widths)
-        capacity = self._reference()[1].size(0)
+        capacity = self._reference()[1].size(0) if self.memory else count
         if capacity < first_slot + count:
             capacity = 2 * (first_slot + count)  # room to grow without reallocating each time
         if (
-            any(t is None for t in self.memory.values())
+            not self.memory
+            or any(t is None for t in self.memory.values())
             or self.width != width
             or capacity != self._reference()[1].size(0)
         ):
-            self._reallocate(first_slot, capacity, width)
+            self._reallocate(first_slot, capacity, width, new)
         slots = slice(first_slot, first_slot + count)
         pad = width - new_width(new, self.layout)
         for name, spec in self.layout.items():
@@ -96,17 +113,18 @@ class MemoryPool:
             pool[(*before, slice(None, pad))] = spec.padding
             pool[(*before, slice(pad, None))] = 0 if given is None else given
 
-    def _reallocate(self, live: int, capacity: int, width: int) -> None:
-        """New tensors of ``capacity`` slots and ``width``; the first ``live`` slots kept."""
-        old, kept = self.memory, min(width, self.width)
-        reference = self._reference()[1]
+    def _reallocate(self, live: int, capacity: int, width: int, like: Memory) -> None:
+        """New tensors of ``capacity`` slots and ``width``; the first ``live`` slots kept. An
+        empty pool takes its tensors' shapes from ``like`` (a memory to be written)."""
+        old, kept = self.memory or like, min(width, self.width)
+        reference = next(t for t in old.values() if t is not None)
         self.memory = {}
         for name, spec in self.layout.items():
             tensor = old[name]
             if tensor is None:
                 shape = (capacity, *[1] * (spec.optional_rank - 2), width)
                 new = reference.new_full(shape, spec.padding)
-                new[:live, ..., -kept:] = 0
+                new[:live, ..., width - kept :] = 0
             elif spec.width_dim is None:
                 new = tensor.new_zeros(capacity, *tensor.shape[1:])
                 new[:live] = tensor[:live]
@@ -115,7 +133,10 @@ class MemoryPool:
                 shape[0], shape[spec.width_dim] = capacity, width
                 new = tensor.new_full(shape, spec.padding)
                 before = (slice(None, live), *[slice(None)] * (spec.width_dim - 1))
-                new[(*before, slice(-kept, None))] = tensor[(*before, slice(-kept, None))]
+                source = tensor.size(spec.width_dim)
+                new[(*before, slice(width - kept, None))] = tensor[
+                    (*before, slice(source - kept, None))
+                ]
             self.memory[name] = new
 
     def rearrange(self, order: list[int]) -> None:
@@ -129,9 +150,9 @@ class MemoryPool:
             for tensor in self.memory.values():
                 if tensor is not None:
                     tensor.index_copy_(0, slots, tensor.index_select(0, olds))
-        if self.widths and 2 * max(self.widths) < self.width:
+        if self.widths and 2 * lane_width(max(self.widths)) <= self.width:
             capacity = self._reference()[1].size(0)
-            self._reallocate(len(order), capacity, max(self.widths))
+            self._reallocate(len(order), capacity, lane_width(max(self.widths)), self.memory)
 
     def view(self, groups: list[tuple[int, int]]) -> dict:
         """The encoder output that the decoder reads: for each group of slots, from the first
@@ -141,7 +162,8 @@ class MemoryPool:
             attention_groups, slot = [], 0
             for sentences, rows_each in groups:
                 slots = slice(slot, slot + sentences)
-                memory = narrowed(self.memory, self.layout, slots, max(self.widths[slots]))
+                width = lane_width(max(self.widths[slots]))
+                memory = narrowed(self.memory, self.layout, slots, width)
                 attention_groups.append((memory, sentences * rows_each))
                 slot += sentences
             self._views[key] = {"attention_groups": attention_groups}
