@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
+import aiohttp
 import pytest
 import torch
 from fairseq import checkpoint_utils
 from fairseq_tools import N_TEST, binarized_toy_corpus, run_tool
 from hostile import RunsCode
+from server_tools import Server
 
 import beamplugin  # noqa: F401  (the safe loader reads the trained checkpoint below)
 from beamplugin.fairseq_plugin.precision import native_on_cpu
@@ -145,6 +148,60 @@ def test_generate_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypothes
         _assert_same_lines(mine[sentence_id], reference[sentence_id])
     joined = re.search(r"(\d+) sentences joined others mid-search", ours.stderr + ours.stdout)
     assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
+
+
+TRANSFORMER_LINES = ["w1 w2 w3", "w5", "w7 w7 w8 w9 w10", "w3 w2", "w4 w4 w4 w6",
+                     "w9 w8 w7 w6 w5 w4 w3", "w2", "w10 w1", "w6 w5 w4", "w8 w8"]
+
+
+def test_interactive_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypotheses(
+    trained_transformer,
+):
+    data, ckpt = trained_transformer
+    common = ["fairseq-interactive", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
+              "--beam", "4", "--nbest", "2", "--cpu", "--source-lang", "de", "--target-lang",
+              "en", "--buffer-size", "10", "--batch-size", "3"]  # fmt: skip
+    stdin = "\n".join(TRANSFORMER_LINES) + "\n"
+    ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
+    fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
+    mine, reference = _lines_by_sentence(ours.stdout), _lines_by_sentence(fairseq.stdout)
+    assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
+    for sentence_id in reference:
+        _assert_same_lines(mine[sentence_id], reference[sentence_id])
+    joined = re.search(r"(\d+) sentences joined others mid-search", ours.stderr + ours.stdout)
+    assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
+
+
+def test_server_on_a_transformer_answers_as_interactive(trained_transformer):
+    """beamplugin-serve takes the transformer checkpoint, with continuous batching (no log line
+    saying it decodes batch after batch), and answers concurrent clients what
+    fairseq-interactive through our task prints."""
+    data, ckpt = trained_transformer
+    options = [str(data), "--path", str(ckpt), "--beam", "4", "--cpu", "-s", "de", "-t", "en"]
+    server = Server([*options, "--batch-size", "3"])
+    try:
+        expected = run_tool(
+            "fairseq-interactive", "--user-dir", "beamplugin", "--task", "beam_translation",
+            *options, "--buffer-size", "10", "--batch-size", "10",
+            stdin="\n".join(TRANSFORMER_LINES) + "\n",
+        )  # fmt: skip
+        texts = {int(i): text for i, text in
+                 re.findall(r"^D-(\d+)\t\S+\t(.*)$", expected.stdout, flags=re.M)}  # fmt: skip
+
+        async def ask_all() -> list[tuple[int, dict]]:
+            async with aiohttp.ClientSession() as session:
+                async def ask(line: str) -> tuple[int, dict]:
+                    body = {"q": line, "source": "de", "target": "en"}
+                    async with session.post(server.url + "/translate", json=body) as response:
+                        return response.status, await response.json()
+
+                return await asyncio.gather(*(ask(line) for line in TRANSFORMER_LINES))
+
+        answers = asyncio.run(asyncio.wait_for(ask_all(), 120))
+    finally:
+        assert server.stop() == 0
+    assert answers == [(200, {"translatedText": texts[i]}) for i in range(len(TRANSFORMER_LINES))]
+    assert not any("cannot decode sentences at different steps" in line for line in server.log)
 
 
 def test_interactive_answers_every_input_line(trained):

@@ -128,8 +128,9 @@ class BeamTranslationTask(TranslationTask):
         prefix_tokens: Any = None,
         constraints: Any = None,
     ) -> Any:
-        """With continuous batching, the hypotheses of a batch that fairseq-generate handed
-        out, decoded in one stream with the batches before and after it."""
+        """With continuous batching, the hypotheses of a batch that fairseq-generate or
+        fairseq-interactive handed out, decoded in one stream with the batches before and after
+        it (in fairseq-interactive: those of the same buffer)."""
         batches = self._read_ahead
         if (
             isinstance(generator, SequenceGenerator)
@@ -137,7 +138,7 @@ class BeamTranslationTask(TranslationTask):
             and batches is not None
             and batches.is_current(sample)
         ):
-            return batches.start_stream(generator, self._prefix_size).hypotheses(sample)
+            return batches.start_stream(generator, self._prefix_size).hypotheses()
         return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def filter_indices_by_size(

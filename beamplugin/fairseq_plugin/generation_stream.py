@@ -79,12 +79,24 @@ class ReadAhead:
             self._read_early.append(batch)
         return batch
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether the stream has read every batch (fairseq-interactive stops asking for
+        hypotheses before the stream has looked past the last one)."""
+        return not self._unread and not self.batches.has_next()
+
     def is_current(self, sample: Batch) -> bool:
-        """Whether ``sample`` is the batch last handed out (or its copy on the GPU)."""
+        """Whether ``sample`` is the batch last handed out, or its copy on the GPU, or (from
+        fairseq-interactive, which passes on only the source) its source tokens."""
         current = self.handed_out
-        if current is None or "id" not in sample:
+        if current is None or "net_input" not in current:
             return False
-        return sample is current or torch.equal(sample["id"].cpu(), current["id"])
+        if sample is current:
+            return True
+        if "id" in sample:
+            return torch.equal(sample["id"].cpu(), current["id"])
+        tokens = sample.get("net_input", {}).get("src_tokens")
+        return tokens is not None and torch.equal(tokens.cpu(), current["net_input"]["src_tokens"])
 
 
 class GenerationStream:
@@ -120,9 +132,9 @@ class GenerationStream:
                 yield sentence_request(sentence_id, tokens, prefix)
         self._source_done = True
 
-    def hypotheses(self, sample: Batch) -> list[list[Hypothesis]]:
-        """The hypotheses of every sentence of ``sample`` (the batch handed out last)."""
-        wanted = sample["id"].tolist()
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        """The hypotheses of every sentence of the batch handed out last."""
+        wanted = self.batches.handed_out["id"].tolist()
         with torch.inference_mode():
             while any(i not in self.results for i in wanted):
                 finished = next(self._decoding)
@@ -135,7 +147,8 @@ class GenerationStream:
         return [finished.hypotheses for finished in done]
 
     def _report(self) -> None:
-        if self._reported or not self._source_done or not self.engine.idle:
+        source_done = self._source_done or self.batches.exhausted
+        if self._reported or not source_done or not self.engine.idle:
             return
         self._reported = True
         batches = self.batches
