@@ -6,7 +6,8 @@ Systems (beam 5, lenpen 1, max_len_b 200, one test-set order sorted by source le
 B consecutive sentences, as fairseq-generate makes them):
 
 * ``fairseq``: fairseq's SequenceGenerator;
-* ``ours``: beamplugin's SequenceGenerator (the engine, the transformer mixing steps);
+* ``ours`` / ``ours int8``: beamplugin's SequenceGenerator (the engine, the transformer mixing
+  steps), in float32 and with ``--int8``'s products;
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
   ``translate_batch`` with ``max_batch_size`` B, intra_threads = the thread count.
 
@@ -21,6 +22,7 @@ CPU's model name and flags. CTranslate2 is a benchmark-only dependency:
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import statistics
 import subprocess
@@ -38,6 +40,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 from beamplugin import SequenceGenerator
+from beamplugin.fairseq_plugin.precision import cast_for_decoding
 
 BEAM, MAX_LEN_B = 5, 200
 Decode = Callable[[list[torch.Tensor], int], list[list[int]]]
@@ -115,6 +118,8 @@ def main() -> None:
         [args.path], arg_overrides={"data": args.data}
     )
     model = models[0].eval()
+    int8_model = copy.deepcopy(model)
+    cast_for_decoding([int8_model], "int8")
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     task.load_dataset(args.gen_subset)
     dataset = task.dataset(args.gen_subset)
@@ -130,6 +135,9 @@ def main() -> None:
         ),
         "ours": lambda t: fairseq_decode(
             SequenceGenerator([model], tgt_dict, **options), model, src_dict.pad()
+        ),
+        "ours int8": lambda t: fairseq_decode(
+            SequenceGenerator([int8_model], tgt_dict, **options), int8_model, src_dict.pad()
         ),
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
@@ -164,14 +172,18 @@ def main() -> None:
 def report(threads: int, batch: int, subset: list, seconds: dict, outputs: dict,
            references: list[str], dictionary: object) -> None:
     median = {name: statistics.median(s) for name, s in seconds.items()}
-    base, ct2 = median["fairseq"], median.get("ct2 float32")
+    base = median["fairseq"]
+    ct2, ct2_int8 = median.get("ct2 float32"), median.get("ct2 int8")
     print(f"\n## {threads} thread(s), batch {batch}: {len(subset)} sentences, "
           f"median of {len(next(iter(seconds.values())))} rounds")
     for name, time_taken in median.items():
         same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"], strict=True))
         text = [dictionary.string(torch.tensor(h), "sentencepiece") for h in outputs[name]]
         bleu = sacrebleu.corpus_bleu(text, [references[: len(text)]]).score
-        against_ct2 = f"  x{ct2 / time_taken:5.2f} ct2 float32" if ct2 else ""
+        against_ct2 = (
+            f"  x{ct2 / time_taken:5.2f} ct2 float32  x{ct2_int8 / time_taken:5.2f} ct2 int8"
+            if ct2 and ct2_int8 else ""
+        )
         print(f"{name:12s} {len(subset) / time_taken:7.1f} sent/s  x{base / time_taken:5.2f} "
               f"fairseq{against_ct2}  same best as fairseq {same}/{len(subset)}  "
               f"BLEU {bleu:5.2f}")
