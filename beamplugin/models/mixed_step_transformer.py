@@ -25,8 +25,10 @@ from fairseq.models.transformer import TransformerModelBase
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
-from beamplugin.models.transformer_weights import DecoderWeights, LayerWeights
+from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
+from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
+from beamplugin.runtime.buffer_pool import BufferPool
 
 Memory = dict[str, Tensor | None]
 
@@ -59,9 +61,14 @@ def _unsupported(model: TransformerModelBase) -> str | None:
         for attention in (layer.self_attn, layer.encoder_attn):
             if attention.bias_k is not None or attention.add_zero_attn:
                 return "attention bias_kv or zero attention"
-        first, own = decoder.layers[0].self_attn, layer.self_attn
-        if (own.num_heads, own.head_dim) != (first.num_heads, first.head_dim):
-            return "self-attention of different shapes in different layers"
+        first = decoder.layers[0]
+        for name in ("self_attn", "encoder_attn"):
+            own, firsts = getattr(layer, name), getattr(first, name)
+            if (own.num_heads, own.head_dim) != (firsts.num_heads, firsts.head_dim):
+                return "attention of different shapes in different layers"
+    for layer in model.encoder.layers:
+        if layer.self_attn.bias_k is not None or layer.self_attn.add_zero_attn:
+            return "attention bias_kv or zero attention"
     return None
 
 
@@ -71,7 +78,7 @@ class MixedStepTransformer(nn.Module):
     def __init__(self, model: TransformerModelBase) -> None:
         super().__init__()
         self.model = model
-        weights = DecoderWeights(model.decoder)
+        weights = TransformerWeights(model)
         self.encoder = PooledTransformerEncoder(model.encoder, model.decoder, weights)
         self.decoder = MixedStepTransformerDecoder(model.decoder, weights)
 
@@ -85,17 +92,21 @@ class MixedStepTransformer(nn.Module):
 
 
 class PooledTransformerEncoder(nn.Module):
-    """fairseq's encoder, whose output also carries every decoder layer's cross-attention keys
-    and values per sentence (``attention_memory``), for a memory pool. Each forward checks the
-    decoder's prepared weights (:meth:`DecoderWeights.current`), so that steps need not."""
+    """fairseq's encoder on the prepared weights of :class:`TransformerWeights` (made current
+    at each forward, so that steps need not check them), whose output also carries every
+    decoder layer's cross-attention keys and values per sentence (``attention_memory``), for a
+    memory pool."""
 
-    def __init__(self, encoder: nn.Module, decoder: nn.Module, weights: DecoderWeights) -> None:
+    def __init__(self, encoder: nn.Module, decoder: nn.Module, weights: TransformerWeights) -> None:
         super().__init__()
         self.encoder = encoder
-        self.cross_attentions = nn.ModuleList(layer.encoder_attn for layer in decoder.layers)
         self.weights = weights
+        self.pad = encoder.padding_idx
+        self.layers = len(decoder.layers)
+        attention = decoder.layers[0].encoder_attn
+        self.heads, self.head_dim = attention.num_heads, attention.head_dim
         self.layout: Layout = {"bias": Pooled(width_dim=3, padding=-math.inf)}
-        for layer in range(len(decoder.layers)):
+        for layer in range(self.layers):
             self.layout[f"keys{layer}"] = Pooled(width_dim=3, padding=0.0)
             self.layout[f"values{layer}"] = Pooled(width_dim=2, padding=0.0)
 
@@ -103,38 +114,54 @@ class PooledTransformerEncoder(nn.Module):
         return self.encoder.max_positions()
 
     def forward_torchscript(self, net_input: dict[str, Tensor]) -> dict[str, Any]:
-        """fairseq's encoder output and the attention memory, the sources left-padded to a
-        multiple of the vector lanes (beamplugin.modules.memory_pool: the encoder's attention
-        then gives each sentence the same bits alone or batched)."""
-        self.weights.current()
+        """fairseq's encoder output (``encoder_out`` ``[src, sentences, embed]``, padding mask,
+        embedding, source lengths) and the attention memory, the sources left-padded to a
+        multiple of the vector lanes (beamplugin.modules.memory_pool: each sentence then gets
+        the same bits alone or batched)."""
+        weights = self.weights.current()
         tokens = net_input["src_tokens"]
         width = tokens.size(1)
         if width != lane_width(width):
-            tokens = F.pad(tokens, (lane_width(width) - width, 0), value=self.encoder.padding_idx)
-            net_input = {**net_input, "src_tokens": tokens}
-        out = self.encoder.forward_torchscript(net_input)
-        out["attention_memory"] = self.attention_memory(out)
-        return out
-
-    def attention_memory(self, encoder_out: dict[str, Any]) -> Memory:
-        """keys ``[sentences, heads, head_dim, src]``, values ``[sentences, heads, src,
-        head_dim]`` per layer (fairseq's projections of the encoder output), and the bias of
-        the padding, ``[sentences, 1, 1, src]``: 0, -inf at padding."""
-        states = encoder_out["encoder_out"][0]  # src x sentences x embed
-        src, sentences, _ = states.shape
-        masks = encoder_out["encoder_padding_mask"]
-        mask = masks[0] if masks else states.new_zeros(sentences, src, dtype=torch.bool)
-        memory: Memory = {
-            "bias": states.new_zeros(sentences, 1, 1, src).masked_fill_(
-                mask.view(sentences, 1, 1, src), -math.inf
-            )
+            tokens = F.pad(tokens, (lane_width(width) - width, 0), value=self.pad)
+        sentences, src = tokens.shape
+        encoder = self.encoder
+        padding = tokens.eq(self.pad)
+        x, embedding = encoder.forward_embedding(tokens)
+        x = x * (1 - padding.unsqueeze(-1).type_as(x))
+        bias = x.new_zeros(sentences, 1, 1, src).masked_fill_(
+            padding.view(sentences, 1, 1, src), -math.inf
+        )
+        x = x.reshape(sentences * src, -1)
+        for layer, prepared in zip(encoder.layers, weights.encoder_layers, strict=True):
+            x = _encoder_layer(layer, prepared, x, bias, sentences)
+        if encoder.layer_norm is not None:
+            x = _norm(encoder.layer_norm, x)
+        return {
+            "encoder_out": [x.view(sentences, src, -1).transpose(0, 1)],
+            "encoder_padding_mask": [padding],
+            "encoder_embedding": [embedding],
+            "encoder_states": [],
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [padding.logical_not().sum(1, dtype=torch.int32).view(-1, 1)],
+            "attention_memory": self._attention_memory(weights, x, bias, sentences),
         }
-        for layer, attention in enumerate(self.cross_attentions):
-            heads, head_dim = attention.num_heads, attention.head_dim
-            keys = attention.k_proj(states).view(src, sentences, heads, head_dim)
-            values = attention.v_proj(states).view(src, sentences, heads, head_dim)
-            memory[f"keys{layer}"] = keys.permute(1, 2, 3, 0).contiguous()
-            memory[f"values{layer}"] = values.permute(1, 2, 0, 3).contiguous()
+
+    def _attention_memory(
+        self, weights: TransformerWeights, x: Tensor, bias: Tensor, sentences: int
+    ) -> Memory:
+        """keys ``[sentences, heads, head_dim, src]``, values ``[sentences, heads, src,
+        head_dim]`` per decoder layer (fairseq's projections of the encoder output ``x``
+        ``[sentences x src, embed]``, one product for all), and the padding ``bias``
+        ``[sentences, 1, 1, src]``: 0, -inf at padding."""
+        src = x.size(0) // sentences
+        projected = weights.memory(x).view(
+            sentences, src, self.layers, 2, self.heads, self.head_dim
+        )
+        memory: Memory = {"bias": bias}
+        for layer in range(self.layers):
+            memory[f"keys{layer}"] = projected[:, :, layer, 0].permute(0, 2, 3, 1).contiguous()
+            memory[f"values{layer}"] = projected[:, :, layer, 1].permute(0, 2, 1, 3).contiguous()
         return memory
 
     def memory_pool(self) -> MemoryPool:
@@ -143,25 +170,27 @@ class PooledTransformerEncoder(nn.Module):
 
 class MixedStepTransformerDecoder(nn.Module):
     """fairseq's transformer decoder (eval mode: no dropout) for rows at different steps, one
-    step at a time, on the prepared weights of :class:`DecoderWeights`.
+    step at a time, on the prepared weights of :class:`TransformerWeights`.
 
     The incremental state holds every layer's self-attention keys and values in one tensor,
     ``history`` ``[2 x layers, rows, heads, width, head_dim]`` (keys of layer ``l`` at ``2l``,
     values at ``2l + 1``): each row's own steps last, the very last column this step's, the
     width a multiple of the vector lanes (as the memory pool's, for bit-identical results alone
-    or batched), the columns before the longest history zeros. A reorder is only noted; the
-    next step gathers the rows it keeps into a new history, one copy for all layers (rows of
-    sentences that join are gathered from any row: their history is padding, masked)."""
+    or batched), the columns before a row's own steps masked. A reorder is only noted; the
+    next step gathers the rows it keeps into the other of two buffers, one copy for all layers
+    (rows of sentences that join are gathered from any row: their history is padding,
+    masked)."""
 
     decodes_mixed_steps = True
     reads_encoder_out_per_sentence = True
 
-    def __init__(self, decoder: nn.Module, weights: DecoderWeights) -> None:
+    def __init__(self, decoder: nn.Module, weights: TransformerWeights) -> None:
         super().__init__()
         self.decoder = decoder
         self.weights = weights
         self.pad = decoder.padding_idx
         self.alignment_layer = len(decoder.layers) - 1
+        self.buffers = BufferPool()  # the self-attention histories' (see _history)
         attention = decoder.layers[0].self_attn
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
 
@@ -169,7 +198,7 @@ class MixedStepTransformerDecoder(nn.Module):
         self,
         prev_output_tokens: Tensor,
         encoder_out: dict[str, Any],
-        incremental_state: dict[str, Tensor],
+        incremental_state: dict[str, Any],
     ) -> tuple[Tensor, dict[str, Any]]:
         """The next token's logits ``[rows, 1, vocab]`` of every row of ``prev_output_tokens``
         (``[rows, steps + 1]``, right-aligned, pad before a row's own tokens), and the last
@@ -191,28 +220,25 @@ class MixedStepTransformerDecoder(nn.Module):
             for memory, group_rows in encoder_out["attention_groups"]
         ]
         attn = None
-        for index, (layer, prepared) in enumerate(zip(d.layers, weights.layers, strict=True)):
+        for index, (layer, prepared) in enumerate(
+            zip(d.layers, weights.decoder_layers, strict=True)
+        ):
             need_attn = index == self.alignment_layer
-            residual = x
-            if layer.normalize_before:
+            # each sublayer adds its input (the residual) inside its output projection
+            before = layer.normalize_before
+            inner = _norm(layer.self_attn_layer_norm, x) if before else x
+            x = self._self_attention(prepared, inner, history, index, own_bias, residual=x)
+            if not before:
                 x = _norm(layer.self_attn_layer_norm, x)
-            x = residual + self._self_attention(prepared, x, history, index, own_bias)
-            if not layer.normalize_before:
-                x = _norm(layer.self_attn_layer_norm, x)
-            residual = x
-            if layer.normalize_before:
-                x = _norm(layer.encoder_attn_layer_norm, x)
-            context, layer_attn = _cross_attention(prepared, x, groups, index, need_attn)
-            x = residual + context
+            inner = _norm(layer.encoder_attn_layer_norm, x) if before else x
+            x, layer_attn = _cross_attention(prepared, inner, groups, index, need_attn, x)
             if need_attn:
                 attn = layer_attn
-            if not layer.normalize_before:
+            if not before:
                 x = _norm(layer.encoder_attn_layer_norm, x)
-            residual = x
-            if layer.normalize_before:
-                x = _norm(layer.final_layer_norm, x)
-            x = residual + prepared.fc2(_activation(layer.activation_fn, prepared.fc1(x)))
-            if not layer.normalize_before:
+            inner = _norm(layer.final_layer_norm, x) if before else x
+            x = prepared.fc2.plus(_hidden(layer.activation_fn, prepared.fc1, inner), x)
+            if not before:
                 x = _norm(layer.final_layer_norm, x)
         if d.layer_norm is not None:
             x = _norm(d.layer_norm, x)
@@ -240,18 +266,37 @@ class MixedStepTransformerDecoder(nn.Module):
         embed = self.decoder.embed_positions
         index = tokens.ne(self.pad).sum(1) + self.pad
         if isinstance(embed, LearnedPositionalEmbedding):
-            return F.embedding(index, embed.weight, embed.padding_idx, embed.max_norm,
-                               embed.norm_type, embed.scale_grad_by_freq, embed.sparse)
+            return F.embedding(
+                index,
+                embed.weight,
+                embed.padding_idx,
+                embed.max_norm,
+                embed.norm_type,
+                embed.scale_grad_by_freq,
+                embed.sparse,
+            )
         return embed.weights.index_select(0, index).detach()
 
-    def _history(self, state: dict[str, Tensor], rows: int, steps: int, like: Tensor) -> Tensor:
+    def _history(self, state: dict[str, Any], rows: int, steps: int, like: Tensor) -> Tensor:
         """This step's self-attention history: the last step's ``steps - 1`` columns, its rows
-        gathered in the order noted by the reorder, then a free column, zeros before."""
+        gathered in the order noted by the reorder, then a free column.
+
+        Steps alternate between two buffers lent by the decoder's buffer pool, their rows and
+        columns at least this step's (the history is the first rows and the last columns),
+        their values finite (masked where they are not a row's own: 0 x NaN would not be 0),
+        so that nothing is cleared or allocated until the rows or the width outgrow them."""
         old, order = state.get("history"), state.pop("order", None)
         layers, width = len(self.decoder.layers), lane_width(steps)
-        history = like.new_empty(2 * layers, rows, self.heads, width, self.head_dim)
-        if width > steps:  # masked, but never garbage: 0 x NaN would not be 0
-            history[:, :, :, : width - steps].zero_()
+        lease = state.get("lease")
+        if lease is None:
+            lease = state["lease"] = self.buffers.lease()
+        buffer = state.get("spare")
+        if buffer is None or buffer.size(1) < rows or buffer.size(3) < width:
+            if buffer is not None:
+                lease.give_back(buffer)
+            shape = (2 * layers, rows, self.heads, width, self.head_dim)
+            buffer = lease.take(shape, like, grows=(1, 3))
+        history = buffer[:, :rows, :, buffer.size(3) - width :]
         if old is not None and steps > 1:
             window = old[:, :, :, old.size(3) - steps + 1 :]
             kept = history[:, :, :, width - steps : -1]
@@ -259,32 +304,40 @@ class MixedStepTransformerDecoder(nn.Module):
                 kept.copy_(window)
             else:
                 torch.index_select(window, 1, order, out=kept)
-        state["history"] = history
+        if "buffer" in state:
+            state["spare"] = state["buffer"]
+        state["buffer"], state["history"] = buffer, history
         return history
 
     def _self_attention(
-        self, prepared: LayerWeights, x: Tensor, history: Tensor, layer: int, bias: Tensor
+        self,
+        prepared: LayerWeights,
+        x: Tensor,
+        history: Tensor,
+        layer: int,
+        bias: Tensor,
+        residual: Tensor,
     ) -> Tensor:
-        """fairseq's incremental self-attention of ``x`` ``[rows, embed]`` over each row's
-        history (its keys and values at ``history[2 * layer]``, ``[2 * layer + 1]``; this
-        step's written in the last column); ``bias`` ``[rows x heads, 1, width]``: -inf at
-        padding."""
+        """``residual`` plus fairseq's incremental self-attention of ``x`` ``[rows, embed]``
+        over each row's history (its keys and values at ``history[2 * layer]``, ``[2 * layer +
+        1]``; this step's written in the last column); ``bias`` ``[rows x heads, 1, width]``:
+        -inf at padding."""
         rows, embed = x.shape
         heads, head_dim = self.heads, self.head_dim
         qkv = prepared.self_qkv(x)
-        width = history.size(3)
-        history[2 * layer : 2 * layer + 2, :, :, -1] = qkv[:, embed:].view(
-            rows, 2, heads, head_dim
-        ).transpose(0, 1)
-        keys = history[2 * layer].view(rows * heads, width, head_dim)
-        values = history[2 * layer + 1].view(rows * heads, width, head_dim)
+        history[2 * layer : 2 * layer + 2, :, :, -1] = (
+            qkv[:, embed:].view(rows, 2, heads, head_dim).transpose(0, 1)
+        )
+        # rows x heads as one dimension of a view whose columns are the buffer's last ones
+        keys = history[2 * layer].flatten(0, 1)
+        values = history[2 * layer + 1].flatten(0, 1)
         query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
         scores = torch.baddbmm(bias, query, keys.transpose(1, 2))
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
-        return prepared.self_out(torch.bmm(probs, values).view(rows, embed))
+        return prepared.self_out.plus(torch.bmm(probs, values).view(rows, embed), residual)
 
     def reorder_incremental_state(
-        self, incremental_state: dict[str, Tensor], new_order: Tensor, fresh_rows: int = 0
+        self, incremental_state: dict[str, Any], new_order: Tensor, fresh_rows: int = 0
     ) -> None:
         """Keep the rows ``new_order`` (noted: the next step gathers them); the last
         ``fresh_rows`` of them start afresh, which needs nothing (their history is padding,
@@ -295,12 +348,53 @@ class MixedStepTransformerDecoder(nn.Module):
         )
 
 
+def _encoder_layer(
+    layer: nn.Module, prepared: LayerWeights, x: Tensor, bias: Tensor, sentences: int
+) -> Tensor:
+    """fairseq's encoder layer (eval mode) on ``x`` ``[sentences x src, embed]``; ``bias``
+    ``[sentences, 1, 1, src]``: -inf at padding."""
+    before = layer.normalize_before
+    inner = _norm(layer.self_attn_layer_norm, x) if before else x
+    x = _encoder_self_attention(layer.self_attn, prepared, inner, bias, sentences, residual=x)
+    if not before:
+        x = _norm(layer.self_attn_layer_norm, x)
+    inner = _norm(layer.final_layer_norm, x) if before else x
+    x = prepared.fc2.plus(_hidden(layer.activation_fn, prepared.fc1, inner), x)
+    if not before:
+        x = _norm(layer.final_layer_norm, x)
+    return x
+
+
+def _encoder_self_attention(
+    attention: nn.Module,
+    prepared: LayerWeights,
+    x: Tensor,
+    bias: Tensor,
+    sentences: int,
+    residual: Tensor,
+) -> Tensor:
+    """``residual`` plus fairseq's self-attention of every source position over its sentence's
+    unpadded positions."""
+    heads, head_dim = attention.num_heads, attention.head_dim
+    tokens, embed = x.shape
+    src = tokens // sentences
+    qkv = prepared.self_qkv(x).view(sentences, src, 3, heads, head_dim)
+    query = qkv[:, :, 0].transpose(1, 2).reshape(sentences * heads, src, head_dim)
+    keys = qkv[:, :, 1].permute(0, 2, 3, 1).reshape(sentences * heads, head_dim, src)
+    values = qkv[:, :, 2].transpose(1, 2).reshape(sentences * heads, src, head_dim)
+    pad = bias.expand(sentences, heads, 1, src).reshape(sentences * heads, 1, src)
+    probs = F.softmax(torch.baddbmm(pad, query, keys), dim=-1, dtype=torch.float32).type_as(x)
+    context = torch.bmm(probs, values).view(sentences, heads, src, head_dim)
+    return prepared.self_out.plus(context.transpose(1, 2).reshape(tokens, embed), residual)
+
+
 def _norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
-def _activation(activation: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    return x.relu_() if activation is F.relu else activation(x)
+def _hidden(activation: Callable[[Tensor], Tensor], fc1: PreparedLinear, x: Tensor) -> Tensor:
+    """The feed-forward's hidden layer, a relu fused into its product."""
+    return fc1.relu(x) if activation is F.relu else activation(fc1(x))
 
 
 def _cross_bias(memory: Memory, rows: int, heads: int) -> Tensor:
@@ -318,11 +412,12 @@ def _cross_attention(
     groups: list[tuple[Memory, int, Tensor]],
     layer: int,
     need_weights: bool,
+    residual: Tensor,
 ) -> tuple[Tensor, Tensor | None]:
-    """fairseq's encoder-decoder attention of ``x`` ``[rows, embed]``: each group of rows (its
-    sentences' memory, its rows, sentence-major, and their padding bias) reads its sentences'
-    keys and values. The weights, averaged over heads, come back ``[rows, 1, src]``, groups
-    left-padded to the widest."""
+    """``residual`` plus fairseq's encoder-decoder attention of ``x`` ``[rows, embed]``: each
+    group of rows (its sentences' memory, its rows, sentence-major, and their padding bias)
+    reads its sentences' keys and values. The weights, averaged over heads, come back ``[rows,
+    1, src]``, groups left-padded to the widest."""
     rows, embed = x.shape
     q = prepared.cross_query(x)
     contexts, weights, first = [], [], 0
@@ -343,7 +438,7 @@ def _cross_attention(
             weights.append(per_head.mean(dim=1).reshape(group_rows, 1, width))
         first += group_rows
     context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)
-    out = prepared.cross_out(context)
+    out = prepared.cross_out.plus(context, residual)
     if not need_weights:
         return out, None
     widest = max(w.size(-1) for w in weights)

@@ -1,16 +1,17 @@
-"""A fairseq transformer decoder's weights made ready for one decoder step at a time, kept while
-the weights are unchanged.
+"""A fairseq transformer's weights made ready for decoding, kept while the weights are unchanged.
 
 Per layer, the self-attention's query, key and value projections are one product (their weights
-stacked), and the query projections carry fairseq's scaling (``head_dim ** -0.5``) folded in;
-every product is a :class:`~beamplugin.modules.linear.PreparedLinear` (oneDNN's packing, or
-int8 values under ``--int8``). Scores differ from fairseq's only in float rounding.
+stacked), and every query projection carries fairseq's scaling (``head_dim ** -0.5``) folded
+in; the keys and values that every decoder layer's cross-attention reads from the encoder
+output are one product too. Every product is a :class:`~beamplugin.modules.linear.PreparedLinear`
+(oneDNN's packing; int8 values for the decoder's under ``--int8``). Scores differ from
+fairseq's only in float rounding.
 
-The prepared weights are checked, not on every step, but when :meth:`DecoderWeights.current` is
-called (once per encoder forward: every sentence is encoded before it decodes). They are made
+The prepared weights are checked, not on every step, but when :meth:`TransformerWeights.current`
+is called (once per encoder forward: every sentence is encoded before it decodes). They are made
 again when a parameter's version, storage or dtype changed (a state dict load, a cast, a move),
-when int8 products are switched, and after any forward of fairseq's own decoder: training runs
-one, and fairseq's optimizers write through ``p.data``, which bumps no version.
+when int8 products are switched, and after any forward of fairseq's own encoder or decoder:
+training runs them, and fairseq's optimizers write through ``p.data``, which bumps no version.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import weakref
 from typing import Any, NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
 
@@ -27,19 +28,21 @@ from beamplugin.modules.linear import PreparedLinear, prepare_linear
 class LayerWeights(NamedTuple):
     self_qkv: PreparedLinear  # scaled query, key, value, stacked: [3 x embed, embed]
     self_out: PreparedLinear
-    cross_query: PreparedLinear  # scaled
-    cross_out: PreparedLinear
     fc1: PreparedLinear
     fc2: PreparedLinear
+    cross_query: PreparedLinear | None = None  # scaled (decoder layers)
+    cross_out: PreparedLinear | None = None
 
 
-class DecoderWeights:
-    """The prepared weights of ``decoder`` (a fairseq ``TransformerDecoderBase``)."""
+class TransformerWeights:
+    """The prepared weights of ``model`` (a fairseq ``TransformerModelBase``)."""
 
-    def __init__(self, decoder: nn.Module) -> None:
-        self.decoder = decoder
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
         self._key: tuple[Any, ...] | None = None
-        self.layers: list[LayerWeights] = []
+        self.encoder_layers: list[LayerWeights] = []
+        self.decoder_layers: list[LayerWeights] = []
+        self.memory: PreparedLinear | None = None  # every decoder layer's cross keys, values
         self.output: PreparedLinear | None = None
         own = weakref.ref(self)
 
@@ -48,43 +51,58 @@ class DecoderWeights:
             if weights is not None:
                 weights._key = None
 
-        handle = decoder.register_forward_pre_hook(forget)
-        weakref.finalize(self, handle.remove)
+        for part in (model.encoder, model.decoder):
+            handle = part.register_forward_pre_hook(forget)
+            weakref.finalize(self, handle.remove)
 
-    def current(self) -> DecoderWeights:
-        """These weights, made again first if the decoder's changed."""
-        decoder = self.decoder
-        int8 = bool(getattr(decoder, "int8_products", False))
-        key = (int8, *((p._version, p.data_ptr(), p.dtype) for p in decoder.parameters()))
+    def current(self) -> TransformerWeights:
+        """These weights, made again first if the model's changed."""
+        model = self.model
+        int8 = bool(getattr(model.decoder, "int8_products", False))
+        key = (int8, *((p._version, p.data_ptr(), p.dtype) for p in model.parameters()))
         if key != self._key:
             with torch.no_grad():
-                self.layers = [_prepare_layer(layer, int8) for layer in decoder.layers]
-                projection = decoder.output_projection
-                self.output = prepare_linear(projection.weight, projection.bias, int8)
+                self._prepare(int8)
             self._key = key
         return self
 
+    def _prepare(self, int8: bool) -> None:
+        encoder, decoder = self.model.encoder, self.model.decoder
+        self.encoder_layers = [_prepare_layer(layer, False) for layer in encoder.layers]
+        self.decoder_layers = [_prepare_layer(layer, int8) for layer in decoder.layers]
+        cross = [layer.encoder_attn for layer in decoder.layers]
+        self.memory = _stacked([p for a in cross for p in (a.k_proj, a.v_proj)], False)
+        projection = decoder.output_projection
+        self.output = prepare_linear(projection.weight, projection.bias, int8)
+
 
 def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
-    own, cross = layer.self_attn, layer.encoder_attn
+    own = layer.self_attn
 
     def of(module: nn.Linear) -> PreparedLinear:
         return prepare_linear(module.weight, module.bias, int8)
 
-    def scaled(module: nn.Linear, scaling: float) -> tuple[Tensor, Tensor | None]:
-        bias = None if module.bias is None else module.bias * scaling
-        return module.weight * scaling, bias
-
-    query = scaled(own.q_proj, own.scaling)
-    parts = [query, (own.k_proj.weight, own.k_proj.bias), (own.v_proj.weight, own.v_proj.bias)]
-    stacked_bias = None
-    if any(b is not None for _, b in parts):
-        stacked_bias = torch.cat([b if b is not None else w.new_zeros(w.size(0)) for w, b in parts])
-    return LayerWeights(
-        self_qkv=prepare_linear(torch.cat([w for w, _ in parts]), stacked_bias, int8),
+    weights = LayerWeights(
+        self_qkv=_stacked([own.q_proj, own.k_proj, own.v_proj], int8, own.scaling),
         self_out=of(own.out_proj),
-        cross_query=prepare_linear(*scaled(cross.q_proj, cross.scaling), int8),
-        cross_out=of(cross.out_proj),
         fc1=of(layer.fc1),
         fc2=of(layer.fc2),
     )
+    cross = getattr(layer, "encoder_attn", None)
+    if cross is None:
+        return weights
+    return weights._replace(
+        cross_query=_stacked([cross.q_proj], int8, cross.scaling), cross_out=of(cross.out_proj)
+    )
+
+
+def _stacked(projections: list[nn.Linear], int8: bool, scaling: float = 1.0) -> PreparedLinear:
+    """One product for ``projections`` (their outputs side by side), the first one's weight and
+    bias multiplied by ``scaling``."""
+    parts = [(p.weight, p.bias) for p in projections]
+    weight, bias = parts[0]
+    parts[0] = (weight * scaling, None if bias is None else bias * scaling)
+    stacked_bias = None
+    if any(b is not None for _, b in parts):
+        stacked_bias = torch.cat([b if b is not None else w.new_zeros(w.size(0)) for w, b in parts])
+    return prepare_linear(torch.cat([w for w, _ in parts]), stacked_bias, int8)

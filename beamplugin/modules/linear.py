@@ -50,6 +50,7 @@ _onednn_linear = (
     if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     else None
 )
+_onednn_linear_binary = _onednn_linear.binary if _onednn_linear is not None else None
 _onednn_pack = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None) if _onednn_linear else None
 # Half-precision weights only where the CPU multiplies them in hardware: elsewhere oneDNN cannot
 # pack them (and torch's emulated products are slower than float32: docs/precision.md).
@@ -174,7 +175,7 @@ def pack_weight(weight: Tensor) -> Tensor | None:
 class PreparedLinear(NamedTuple):
     """A product's weight made ready once for inference (:func:`prepare_linear`): the plain
     weight and bias, oneDNN's packing of the weight whatever its size, or int8 values where int8
-    products are on for a weight this large.
+    products are on for a weight this large. Inputs are 2-D, ``[rows, in]``.
 
     Through oneDNN's packed weight each row's result has the same bits whatever the number of
     rows (MKL's ``F.linear`` takes other kernels for 1 to 3 rows), so a sentence decodes the same
@@ -187,12 +188,35 @@ class PreparedLinear(NamedTuple):
     int8: Int8Weight | None
 
     def __call__(self, x: Tensor) -> Tensor:
+        if self._on_onednn(x):
+            return _onednn_linear(x, self.packed, self.bias, "none", [], "")
+        return self._unfused(x)
+
+    def relu(self, x: Tensor) -> Tensor:
+        """``relu(self(x))``, the relu fused into oneDNN's product (same bits)."""
+        if self._on_onednn(x):
+            return _onednn_linear(x, self.packed, self.bias, "relu", [], "")
+        return self._unfused(x).relu_()
+
+    def plus(self, x: Tensor, other: Tensor) -> Tensor:
+        """``self(x) + other`` (a residual), the sum fused into oneDNN's product (same bits)."""
+        if self._on_onednn(x):
+            return _onednn_linear_binary(x, other, self.packed, self.bias, "add")
+        return self._unfused(x).add_(other)
+
+    def _on_onednn(self, x: Tensor) -> bool:
+        """Whether ``x`` (2-D) goes through the packed weight (no int8, same dtype, inference)."""
+        return (
+            self.packed is not None
+            and self.int8 is None
+            and x.dtype == self.weight.dtype
+            and not torch.is_grad_enabled()
+        )
+
+    def _unfused(self, x: Tensor) -> Tensor:
         if self.int8 is not None:
             return int8_linear(x, self.int8)
-        if self.packed is None or x.dtype != self.weight.dtype or torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
-        out = _onednn_linear(x.reshape(-1, x.size(-1)), self.packed, self.bias, "none", [], "")
-        return out.view(*x.shape[:-1], self.weight.size(0))
+        return F.linear(x, self.weight, self.bias)
 
 
 def prepare_linear(weight: Tensor, bias: Tensor | None, int8: bool = False) -> PreparedLinear:
