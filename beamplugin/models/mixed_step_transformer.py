@@ -292,9 +292,12 @@ class MixedStepTransformerDecoder(nn.Module):
             lease = state["lease"] = self.buffers.lease()
         buffer = state.get("spare")
         if buffer is None or buffer.size(1) < rows or buffer.size(3) < width:
+            columns = width
             if buffer is not None:
                 lease.give_back(buffer)
-            shape = (2 * layers, rows, self.heads, width, self.head_dim)
+                if buffer.size(3) < width:  # a long sentence: fewer, larger new buffers
+                    columns = max(width, 2 * buffer.size(3))
+            shape = (2 * layers, rows, self.heads, columns, self.head_dim)
             buffer = lease.take(shape, like, grows=(1, 3))
         history = buffer[:, :rows, :, buffer.size(3) - width :]
         if old is not None and steps > 1:
