@@ -1,0 +1,216 @@
+"""Where a fairseq transformer's decode spends its time with our generator, and what one decoder
+step costs against CTranslate2.
+
+1. For each batch size, our generator decodes the test set's first ``--sentences`` (sorted by
+   source length, batches as fairseq-generate makes them) and the time splits into the encoder
+   forwards, the decoder forwards, and the rest (search, n-best, bookkeeping); the decoder's
+   matrix products are replayed alone at the same shapes and weights, timed in the same run.
+2. One sentence decoded with its output length forced to 10 and to 50 tokens (beam 5), by ours
+   and by CTranslate2 float32: the difference over 40 steps is a step's cost, the rest the
+   sentence's fixed cost.
+
+    python scripts/bench_transformer_steps.py --path CHECKPOINT --data DATA_BIN \\
+        --batch-sizes 1 64 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_generate import cpu_description
+from bench_transformer import ct2_model
+from fairseq import checkpoint_utils
+
+import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
+from beamplugin import SequenceGenerator
+from beamplugin.models import mixed_step_transformer
+from beamplugin.modules.linear import PreparedLinear
+
+BEAM = 5
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
+    parser.add_argument("--data", required=True, help="its binarized data directory")
+    parser.add_argument("--gen-subset", default="test")
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="best of")
+    return parser.parse_args()
+
+
+class Timed:
+    """Wall time spent in ``owner.name`` while installed."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.seconds, self.calls = 0.0, 0
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+
+        setattr(owner, name, timed)
+
+
+class Products:
+    """Records the decoder's prepared products (weights and inputs) to replay them alone."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        for name in ("__call__", "relu", "plus"):
+            self._wrap(name)
+
+    def _wrap(self, name: str) -> None:
+        original = getattr(PreparedLinear, name)
+        products = self
+
+        def recorded(weights: PreparedLinear, *inputs: torch.Tensor) -> torch.Tensor:
+            if products.recording:
+                products.calls.append((original, (weights, *(t.clone() for t in inputs))))
+            return original(weights, *inputs)
+
+        setattr(PreparedLinear, name, recorded)
+
+    def replay(self) -> float:
+        start = time.perf_counter()
+        for product, args in self.calls:
+            product(*args)
+        return time.perf_counter() - start
+
+
+def batches(items: list[dict], size: int, pad: int) -> list[dict]:
+    out = []
+    for first in range(0, len(items), size):
+        sources = [item["source"] for item in items[first : first + size]]
+        width = max(len(s) for s in sources)
+        tokens = torch.full((len(sources), width), pad)
+        for row, source in enumerate(sources):
+            tokens[row, width - len(source) :] = source
+        lengths = torch.tensor([len(s) for s in sources])
+        out.append({"net_input": {"src_tokens": tokens, "src_lengths": lengths}})
+    return out
+
+
+class Split:
+    """Timers on our encoder and decoder forwards and the decoder's products (installed once)."""
+
+    def __init__(self) -> None:
+        self.encoder = Timed(mixed_step_transformer.PooledTransformerEncoder, "forward_torchscript")
+        self.decoder = Timed(mixed_step_transformer.MixedStepTransformerDecoder, "forward")
+        self.products = Products()
+
+
+def split(timers: Split, model: Any, dictionary: Any, items: list[dict], size: int,
+          repeats: int) -> str:  # fmt: skip
+    generator = SequenceGenerator([model], dictionary, beam_size=BEAM, max_len_b=200)
+    work = batches(items, size, dictionary.pad())
+    encoder, decoder, products = timers.encoder, timers.decoder, timers.products
+    products.calls = []
+
+    def decode() -> float:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for sample in work:
+                generator.generate([model], sample)
+        return time.perf_counter() - start
+
+    decode()
+    products.recording = True
+    decode()
+    products.recording = False
+    best: tuple[float, ...] | None = None
+    for _ in range(repeats):
+        encoder.seconds = decoder.seconds = 0.0
+        decoder.calls = 0
+        total = decode()
+        with torch.inference_mode():
+            replayed = products.replay()
+        if best is None or total < best[0]:
+            best = (total, encoder.seconds, decoder.seconds, decoder.calls, replayed)
+    total, encoding, decoding, steps, replayed = best
+    return (
+        f"batch {size}: {len(items) / total:.1f} sent/s; {total * 1000:.0f} ms = encoder "
+        f"{encoding * 1000:.0f} + decoder {decoding * 1000:.0f} ({steps} steps, "
+        f"{decoding / steps * 1000:.2f} ms each; its products alone {replayed * 1000:.0f}) "
+        f"+ search and the rest {(total - encoding - decoding) * 1000:.0f}"
+    )
+
+
+def step_costs(args: argparse.Namespace, model: Any, dictionary: Any, item: dict) -> list[str]:
+    import ctranslate2
+
+    sample = {"net_input": {"src_tokens": item["source"].view(1, -1),
+                            "src_lengths": torch.tensor([len(item["source"])])}}  # fmt: skip
+    eos = dictionary.eos()
+    words = [[dictionary[t] for t in item["source"].tolist() if t != eos]]
+    with tempfile.TemporaryDirectory() as workdir:
+        translator = ctranslate2.Translator(
+            str(ct2_model(args.path, args.data, None, Path(workdir))), device="cpu",
+            compute_type="float32", intra_threads=args.threads, inter_threads=1,
+        )  # fmt: skip
+
+    generators = {
+        length: SequenceGenerator([model], dictionary, beam_size=BEAM, min_len=length,
+                                  max_len_a=0, max_len_b=length)
+        for length in (10, 50)
+    }  # fmt: skip
+
+    def ours(length: int) -> None:
+        with torch.inference_mode():
+            generators[length].generate([model], sample)
+
+    def ct2(length: int) -> None:
+        translator.translate_batch(words, beam_size=BEAM, max_decoding_length=length,
+                                   min_decoding_length=length)  # fmt: skip
+
+    lines = []
+    for name, decode in (("ours", ours), ("ct2 float32", ct2)):
+        short, long = (min(_seconds(decode, n) for _ in range(7)) for n in (10, 50))
+        step = (long - short) / 40
+        lines.append(f"{name:12s} {step * 1000:.3f} ms a step (beam {BEAM}), "
+                     f"{(short - 10 * step) * 1000:.2f} ms a sentence besides")  # fmt: skip
+    return lines
+
+
+def _seconds(decode: Callable[[int], None], length: int) -> float:
+    start = time.perf_counter()
+    decode(length)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [args.path], arg_overrides={"data": args.data}
+    )
+    model = models[0].eval()
+    dictionary = task.target_dictionary
+    task.load_dataset(args.gen_subset)
+    dataset = task.dataset(args.gen_subset)
+    items = [dataset[i] for i in range(min(args.sentences, len(dataset)))]
+    items.sort(key=lambda item: len(item["source"]))
+    print(f"# {args.path}; beam {BEAM}; {args.threads} thread(s); {cpu_description()}")
+    for line in step_costs(args, model, dictionary, items[len(items) // 2]):
+        print(line)
+    timers = Split()
+    for size in args.batch_sizes:
+        print(split(timers, model, dictionary, items, size, args.repeats))
+
+
+if __name__ == "__main__":
+    main()
