@@ -46,13 +46,19 @@ BEAM, MAX_LEN_B = 5, 200
 Decode = Callable[[list[torch.Tensor], int], list[list[int]]]
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def checkpoint_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the transformer benchmarks: a checkpoint, its test set, batch sizes."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
     parser.add_argument("--data", required=True, help="its binarized data directory")
     parser.add_argument("--gen-subset", default="test")
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = checkpoint_parser(__doc__)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--batch-1-sentences", type=int, default=60,

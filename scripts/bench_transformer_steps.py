@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from bench_generate import cpu_description
-from bench_transformer import ct2_model
+from bench_transformer import checkpoint_parser, ct2_model
 from fairseq import checkpoint_utils
 
 import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
@@ -36,12 +36,7 @@ BEAM = 5
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
-    parser.add_argument("--data", required=True, help="its binarized data directory")
-    parser.add_argument("--gen-subset", default="test")
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser = checkpoint_parser(__doc__)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="best of")
     return parser.parse_args()

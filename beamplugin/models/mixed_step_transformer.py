@@ -220,32 +220,46 @@ class MixedStepTransformerDecoder(nn.Module):
             for memory, group_rows in encoder_out["attention_groups"]
         ]
         attn = None
-        for index, (layer, prepared) in enumerate(
-            zip(d.layers, weights.decoder_layers, strict=True)
-        ):
-            need_attn = index == self.alignment_layer
-            # each sublayer adds its input (the residual) inside its output projection
-            before = layer.normalize_before
-            inner = _norm(layer.self_attn_layer_norm, x) if before else x
-            x = self._self_attention(prepared, inner, history, index, own_bias, residual=x)
-            if not before:
-                x = _norm(layer.self_attn_layer_norm, x)
-            inner = _norm(layer.encoder_attn_layer_norm, x) if before else x
-            x, layer_attn = _cross_attention(prepared, inner, groups, index, need_attn, x)
-            if need_attn:
+        layers = zip(d.layers, weights.decoder_layers, strict=True)
+        for index, (layer, prepared) in enumerate(layers):
+            x, layer_attn = self._layer(layer, prepared, index, x, history, own_bias, groups)
+            if index == self.alignment_layer:
                 attn = layer_attn
-            if not before:
-                x = _norm(layer.encoder_attn_layer_norm, x)
-            inner = _norm(layer.final_layer_norm, x) if before else x
-            x = prepared.fc2.plus(_hidden(layer.activation_fn, prepared.fc1, inner), x)
-            if not before:
-                x = _norm(layer.final_layer_norm, x)
         if d.layer_norm is not None:
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
             x = d.project_out_dim(x)
         logits = weights.output(x)
         return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
+
+    def _layer(
+        self,
+        layer: nn.Module,
+        prepared: LayerWeights,
+        index: int,
+        x: Tensor,
+        history: Tensor,
+        own_bias: Tensor,
+        groups: list[tuple[Memory, int, Tensor]],
+    ) -> tuple[Tensor, Tensor | None]:
+        """fairseq's decoder layer ``index`` on ``x`` ``[rows, embed]``, and its
+        cross-attention weights if it is the alignment layer."""
+        x = _sublayer(
+            layer.self_attn_layer_norm, layer.normalize_before, x,
+            lambda inner, residual: self._self_attention(
+                prepared, inner, history, index, own_bias, residual
+            ),
+        )  # fmt: skip
+        need_attn = index == self.alignment_layer
+        attn: list[Tensor | None] = []
+
+        def attend(inner: Tensor, residual: Tensor) -> Tensor:
+            out, weights = _cross_attention(prepared, inner, groups, index, need_attn, residual)
+            attn.append(weights)
+            return out
+
+        x = _sublayer(layer.encoder_attn_layer_norm, layer.normalize_before, x, attend)
+        return _feed_forward(layer, prepared, x), attn[0]
 
     def _embed(self, tokens: Tensor) -> Tensor:
         """fairseq's embedding of each row's last token at its own position: ``[rows, embed]``."""
@@ -356,16 +370,31 @@ def _encoder_layer(
 ) -> Tensor:
     """fairseq's encoder layer (eval mode) on ``x`` ``[sentences x src, embed]``; ``bias``
     ``[sentences, 1, 1, src]``: -inf at padding."""
-    before = layer.normalize_before
-    inner = _norm(layer.self_attn_layer_norm, x) if before else x
-    x = _encoder_self_attention(layer.self_attn, prepared, inner, bias, sentences, residual=x)
-    if not before:
-        x = _norm(layer.self_attn_layer_norm, x)
-    inner = _norm(layer.final_layer_norm, x) if before else x
-    x = prepared.fc2.plus(_hidden(layer.activation_fn, prepared.fc1, inner), x)
-    if not before:
-        x = _norm(layer.final_layer_norm, x)
-    return x
+    x = _sublayer(
+        layer.self_attn_layer_norm, layer.normalize_before, x,
+        lambda inner, residual: _encoder_self_attention(
+            layer.self_attn, prepared, inner, bias, sentences, residual
+        ),
+    )  # fmt: skip
+    return _feed_forward(layer, prepared, x)
+
+
+def _sublayer(
+    norm: nn.LayerNorm, before: bool, x: Tensor, block: Callable[[Tensor, Tensor], Tensor]
+) -> Tensor:
+    """fairseq's residual sublayer around ``block(input, residual)`` (which adds the residual
+    inside its output projection): its layer norm before (pre-norm) or after (post-norm)."""
+    out = block(_norm(norm, x) if before else x, x)
+    return out if before else _norm(norm, out)
+
+
+def _feed_forward(layer: nn.Module, prepared: LayerWeights, x: Tensor) -> Tensor:
+    return _sublayer(
+        layer.final_layer_norm, layer.normalize_before, x,
+        lambda inner, residual: prepared.fc2.plus(
+            _hidden(layer.activation_fn, prepared.fc1, inner), residual
+        ),
+    )  # fmt: skip
 
 
 def _encoder_self_attention(
