@@ -10,6 +10,7 @@ at the end of a batch) or earlier, one by one.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -23,6 +24,9 @@ class BufferPool:
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
         self._free: list[Tensor] = []
+        # generators may decode in several threads; a lease's finalizer may run inside _take
+        # (a collection during an allocation), in the thread that holds the lock: reentrant
+        self._lock = threading.RLock()
 
     def lease(self) -> Lease:
         return Lease(self)
@@ -39,15 +43,17 @@ class BufferPool:
                 )
             )
 
-        fitting = [buffer for buffer in self._free if fits(buffer)]
-        if not fitting:
-            return None
-        smallest = min(fitting, key=Tensor.numel)
-        self._free = [buffer for buffer in self._free if buffer is not smallest]
-        return smallest
+        with self._lock:
+            fitting = [buffer for buffer in self._free if fits(buffer)]
+            if not fitting:
+                return None
+            smallest = min(fitting, key=Tensor.numel)
+            self._free = [buffer for buffer in self._free if buffer is not smallest]
+            return smallest
 
     def _give_back(self, buffers: Sequence[Tensor]) -> None:
-        self._free = sorted([*self._free, *buffers], key=Tensor.numel)[-self.keep :]
+        with self._lock:
+            self._free = sorted([*self._free, *buffers], key=Tensor.numel)[-self.keep :]
 
 
 class Lease:
