@@ -285,6 +285,7 @@ def test_interactive_refuses_bad_lines_by_id_and_translates_the_others_as_alone(
     out = _interactive(ckpt, data, stream, 3, PYTHONIOENCODING="utf-8:strict")
     alone = _interactive(ckpt, data, good, 1)
     assert alone.returncode == 0, alone.stderr[-2000:]
+    assert "continuous batching" not in alone.stderr  # a line at a time: no summary each
 
     assert out.returncode == 3, out.stderr[-2000:]
     assert _lines_by_id(out.stdout, "E") == {i: [reason] for i, reason in refusals.items()}

@@ -151,6 +151,8 @@ class GenerationStream:
         if self._reported or not source_done or not self.engine.idle:
             return
         self._reported = True
+        if self.sentences < 2:  # fairseq-interactive's default, a line at a time: no summary
+            return
         batches = self.batches
         capacity = " and ".join(
             f"{limit} {unit}"
