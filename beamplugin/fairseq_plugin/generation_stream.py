@@ -81,8 +81,8 @@ class ReadAhead:
 
     @property
     def exhausted(self) -> bool:
-        """Whether the stream has read every batch (fairseq-interactive stops asking for
-        hypotheses before the stream has looked past the last one)."""
+        """Whether the stream has read every batch (seen before it looks past the last one:
+        fairseq-interactive asks for no more hypotheses after a buffer's last batch)."""
         return not self._unread and not self.batches.has_next()
 
     def is_current(self, sample: Batch) -> bool:
@@ -112,7 +112,6 @@ class GenerationStream:
         self.device = next(generator.model.parameters()).device
         self.results: dict[int, Finished] = {}
         self.sentences = 0
-        self._source_done = False
         self._decoding = run(self.engine, IteratorSource(self.requests()))
         self._reported = False
 
@@ -130,7 +129,6 @@ class GenerationStream:
                 prefix = None if prefixes is None else to_device(prefixes[row], self.device)
                 self.sentences += 1
                 yield sentence_request(sentence_id, tokens, prefix)
-        self._source_done = True
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """The hypotheses of every sentence of the batch handed out last."""
@@ -147,8 +145,7 @@ class GenerationStream:
         return [finished.hypotheses for finished in done]
 
     def _report(self) -> None:
-        source_done = self._source_done or self.batches.exhausted
-        if self._reported or not source_done or not self.engine.idle:
+        if self._reported or not self.batches.exhausted or not self.engine.idle:
             return
         self._reported = True
         if self.sentences < 2:  # fairseq-interactive's default, a line at a time: no summary

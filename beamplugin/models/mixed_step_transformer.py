@@ -244,22 +244,18 @@ class MixedStepTransformerDecoder(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """fairseq's decoder layer ``index`` on ``x`` ``[rows, embed]``, and its
         cross-attention weights if it is the alignment layer."""
-        x = _sublayer(
-            layer.self_attn_layer_norm, layer.normalize_before, x,
-            lambda inner, residual: self._self_attention(
-                prepared, inner, history, index, own_bias, residual
-            ),
-        )  # fmt: skip
+        before = layer.normalize_before
+        norm = layer.self_attn_layer_norm
+        out = self._self_attention(
+            prepared, _norm_input(norm, before, x), history, index, own_bias, residual=x
+        )
+        x = _norm_output(norm, before, out)
+        norm = layer.encoder_attn_layer_norm
         need_attn = index == self.alignment_layer
-        attn: list[Tensor | None] = []
-
-        def attend(inner: Tensor, residual: Tensor) -> Tensor:
-            out, weights = _cross_attention(prepared, inner, groups, index, need_attn, residual)
-            attn.append(weights)
-            return out
-
-        x = _sublayer(layer.encoder_attn_layer_norm, layer.normalize_before, x, attend)
-        return _feed_forward(layer, prepared, x), attn[0]
+        out, attn = _cross_attention(
+            prepared, _norm_input(norm, before, x), groups, index, need_attn, residual=x
+        )
+        return _feed_forward(layer, prepared, _norm_output(norm, before, out)), attn
 
     def _embed(self, tokens: Tensor) -> Tensor:
         """fairseq's embedding of each row's last token at its own position: ``[rows, embed]``."""
@@ -349,9 +345,8 @@ class MixedStepTransformerDecoder(nn.Module):
         keys = history[2 * layer].flatten(0, 1)
         values = history[2 * layer + 1].flatten(0, 1)
         query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
-        scores = torch.baddbmm(bias, query, keys.transpose(1, 2))
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).type_as(scores)
-        return prepared.self_out.plus(torch.bmm(probs, values).view(rows, embed), residual)
+        context, _ = _attend(bias, query, keys.transpose(1, 2), values)
+        return prepared.self_out.plus(context.view(rows, embed), residual)
 
     def reorder_incremental_state(
         self, incremental_state: dict[str, Any], new_order: Tensor, fresh_rows: int = 0
@@ -370,31 +365,28 @@ def _encoder_layer(
 ) -> Tensor:
     """fairseq's encoder layer (eval mode) on ``x`` ``[sentences x src, embed]``; ``bias``
     ``[sentences, 1, 1, src]``: -inf at padding."""
-    x = _sublayer(
-        layer.self_attn_layer_norm, layer.normalize_before, x,
-        lambda inner, residual: _encoder_self_attention(
-            layer.self_attn, prepared, inner, bias, sentences, residual
-        ),
-    )  # fmt: skip
-    return _feed_forward(layer, prepared, x)
+    before, norm = layer.normalize_before, layer.self_attn_layer_norm
+    out = _encoder_self_attention(
+        layer.self_attn, prepared, _norm_input(norm, before, x), bias, sentences, residual=x
+    )
+    return _feed_forward(layer, prepared, _norm_output(norm, before, out))
 
 
-def _sublayer(
-    norm: nn.LayerNorm, before: bool, x: Tensor, block: Callable[[Tensor, Tensor], Tensor]
-) -> Tensor:
-    """fairseq's residual sublayer around ``block(input, residual)`` (which adds the residual
-    inside its output projection): its layer norm before (pre-norm) or after (post-norm)."""
-    out = block(_norm(norm, x) if before else x, x)
+def _norm_input(norm: nn.LayerNorm, before: bool, x: Tensor) -> Tensor:
+    """A residual sublayer's input: ``x`` normed first in a pre-norm layer."""
+    return _norm(norm, x) if before else x
+
+
+def _norm_output(norm: nn.LayerNorm, before: bool, out: Tensor) -> Tensor:
+    """A residual sublayer's output (residual added): normed in a post-norm layer."""
     return out if before else _norm(norm, out)
 
 
 def _feed_forward(layer: nn.Module, prepared: LayerWeights, x: Tensor) -> Tensor:
-    return _sublayer(
-        layer.final_layer_norm, layer.normalize_before, x,
-        lambda inner, residual: prepared.fc2.plus(
-            _hidden(layer.activation_fn, prepared.fc1, inner), residual
-        ),
-    )  # fmt: skip
+    """fairseq's feed-forward sublayer, the residual added inside the second product."""
+    before, norm = layer.normalize_before, layer.final_layer_norm
+    hidden = _hidden(layer.activation_fn, prepared.fc1, _norm_input(norm, before, x))
+    return _norm_output(norm, before, prepared.fc2.plus(hidden, x))
 
 
 def _encoder_self_attention(
@@ -415,9 +407,17 @@ def _encoder_self_attention(
     keys = qkv[:, :, 1].permute(0, 2, 3, 1).reshape(sentences * heads, head_dim, src)
     values = qkv[:, :, 2].transpose(1, 2).reshape(sentences * heads, src, head_dim)
     pad = bias.expand(sentences, heads, 1, src).reshape(sentences * heads, 1, src)
-    probs = F.softmax(torch.baddbmm(pad, query, keys), dim=-1, dtype=torch.float32).type_as(x)
-    context = torch.bmm(probs, values).view(sentences, heads, src, head_dim)
-    return prepared.self_out.plus(context.transpose(1, 2).reshape(tokens, embed), residual)
+    context, _ = _attend(pad, query, keys, values)
+    context = context.view(sentences, heads, src, head_dim).transpose(1, 2)
+    return prepared.self_out.plus(context.reshape(tokens, embed), residual)
+
+
+def _attend(bias: Tensor, query: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """fairseq's attention (queries scaled already): ``softmax(bias + query @ keys) @ values``
+    over batched heads, ``keys`` ``[batch, head_dim, width]``; also the float32 weights."""
+    scores = torch.baddbmm(bias, query, keys)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32)
+    return torch.bmm(probs.type_as(scores), values), probs
 
 
 def _norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
@@ -459,10 +459,12 @@ def _cross_attention(
         each = group_rows // sentences
         query = q[first : first + group_rows].view(sentences, each, heads, head_dim)
         query = query.transpose(1, 2).reshape(sentences * heads, each, head_dim)
-        scores = torch.baddbmm(bias, query, keys.view(sentences * heads, head_dim, width))
-        probs_float = F.softmax(scores, dim=-1, dtype=torch.float32)
-        probs = probs_float.type_as(scores)
-        out = torch.bmm(probs, values.view(sentences * heads, width, head_dim))
+        out, probs_float = _attend(
+            bias,
+            query,
+            keys.view(sentences * heads, head_dim, width),
+            values.view(sentences * heads, width, head_dim),
+        )
         out = out.view(sentences, heads, each, head_dim).transpose(1, 2)
         contexts.append(out.reshape(group_rows, embed))
         if need_weights:
