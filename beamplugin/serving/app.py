@@ -26,7 +26,6 @@ import json
 import logging
 import signal
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,19 +33,18 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from beamplugin.serving.decoder_process import DecoderRestarting
+from beamplugin.serving.admission import Admission
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.metrics import ServerMetrics
+from beamplugin.serving.requests import LibreRequest, NbestRequest, ServedPair, read_body
 from beamplugin.serving.responses import Refused, json_answer
 from beamplugin.serving.spec import SpecSettings, openapi
-from beamplugin.serving.translator import RefusedSentence, Translation, Translator
-from beamplugin.streams import QueueFull, StreamClosed, StreamFailed
+from beamplugin.serving.translator import Translation, Translator
 
 logger = logging.getLogger("beamplugin.serving.app")
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
-RETRY_AFTER_SECONDS = 1
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 
 
@@ -62,15 +60,22 @@ class TranslationService:
         request_timeout: float | None = None,
     ) -> None:
         self.translator = translator
-        self.max_request_sentences = max_request_sentences
         self.guards = guards or Guards()
-        self.request_timeout = request_timeout
         self.metrics = ServerMetrics(translator)
         translator.observe(self.metrics)
-        self.stopping = False
-        self.languages = translator.source_lang, translator.target_lang
+        self.admission = Admission(
+            translator, self.guards, self.metrics, max_request_sentences, request_timeout
+        )
+        self.pair = ServedPair(
+            translator.source_lang,
+            translator.target_lang,
+            translator.beam,
+            translator.nbest,
+            translator.aligns,
+        )
         self.spec = openapi(SpecSettings(
-            *self.languages, translator.beam, translator.nbest, max_request_sentences,
+            self.pair.source, self.pair.target, translator.beam, translator.nbest,
+            max_request_sentences,
             keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
             char_limit=self.guards.char_limit, aligns=translator.aligns,
         ))  # fmt: skip
@@ -120,118 +125,39 @@ class TranslationService:
         self.metrics.requests.labels(path, str(response.status)).inc()
         if path in TRANSLATION_ENDPOINTS:
             self.metrics.latency.labels(path).observe(time.perf_counter() - started)
-        if self.stopping:
+        if self.admission.stopping:
             response.force_close()
         return response
 
     # ---- translation -------------------------------------------------------------------------
 
-    async def _translate(self, lines: list[str], nbest: int) -> list[list[Translation]]:
-        """The ``nbest`` best translations of each line, in order; Refused if the request
-        cannot be taken (nothing of it is then queued) or is not answered in time (its
-        sentences are then cancelled, as they are when the client goes away)."""
-        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        stopping = Refused(503, "the server is stopping", retry, reason="stopping")
-        if self.stopping:
-            raise stopping
-        if not 1 <= len(lines) <= self.max_request_sentences:
-            raise Refused(
-                400, f"{len(lines)} sentences: a request has 1 to {self.max_request_sentences}"
-            )
-        self.guards.check_characters(lines)
-        try:
-            sources = self.translator.encode(lines)
-        except RefusedSentence as refusal:
-            raise Refused(400, str(refusal)) from None
-        try:
-            futures = self.translator.submit(sources)
-        except QueueFull:
-            raise Refused(
-                503,
-                f"the server is busy: no room for {len(lines)} more sentence(s), retry later",
-                retry,
-                reason="queue_full",
-            ) from None
-        except DecoderRestarting as restarting:
-            raise Refused(503, f"{restarting}, retry later", retry, reason="restarting") from None
-        except StreamFailed as failed:  # the model failed earlier: every request is told
-            raise Refused(500, str(failed)) from None
-        except StreamClosed:
-            raise stopping from None
-        try:
-            async with asyncio.timeout(self.request_timeout):
-                results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        except TimeoutError:
-            raise Refused(
-                504,
-                f"not translated within the request timeout of {self.request_timeout:g} s",
-                reason="timeout",
-            ) from None
-        finally:  # whatever ended the wait early (timeout, client gone, a failed sentence)
-            for future in futures:
-                future.cancel()  # a sentence already answered stays answered
-        translations = []
-        for source, hypotheses in zip(sources, results, strict=True):
-            rendered = self.translator.render(source, hypotheses[:nbest])
-            translations.append(rendered)
-            self.metrics.sentences.inc()
-            self.metrics.source_tokens.inc(len(source))
-            self.metrics.target_tokens.inc(rendered[0].tokens)
-        return translations
-
-    def _check_pair(self, body: dict[str, Any], required: bool) -> None:
-        source, target = self.languages
-        given = body.get("source"), body.get("target")
-        if required and None in given:
-            raise Refused(400, "'source' and 'target' are required (language codes)")
-        if given[0] not in (None, source, "auto") or given[1] not in (None, target):
-            raise Refused(
-                400,
-                f"this server translates {source} to {target}, not {given[0]} to {given[1]}",
-            )
-
     async def libre_translate(self, request: web.Request) -> web.Response:
         """LibreTranslate's ``/translate``: ``q`` a string or a list of strings."""
-        body = await _body(request)
+        body = await read_body(request)
         self.guards.admit(request, body)
-        self._check_pair(body, required=True)
-        q = body.get("q")
-        if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(s, str) for s in q))):
-            raise Refused(400, "'q' is required: a string or a list of strings")
-        if body.get("format", "text") != "text":
-            raise Refused(400, "only format 'text' is served")
-        alternatives = _integer(body, "alternatives", 0, 0, self.translator.beam - 1)
-        translations = await self._translate([q] if isinstance(q, str) else q, 1 + alternatives)
+        ask = LibreRequest.parse(body, self.pair)
+        translations = await self.admission.translate(ask.lines, 1 + ask.alternatives)
         texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
-        if alternatives:
+        if ask.alternatives:
             answer["alternatives"] = [t[1:] for t in texts]
-        if isinstance(q, str):
+        if ask.single:
             answer = {key: value[0] for key, value in answer.items()}
-        if body.get("source") == "auto":  # no detection: this server has one source language
-            answer["detectedLanguage"] = {"language": self.languages[0], "confidence": 0.0}
+        if ask.detect_source:  # no detection: this server has one source language
+            answer["detectedLanguage"] = {"language": self.pair.source, "confidence": 0.0}
         return json_answer(answer)
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
         """``{"sentences": [...], "nbest": k, "alignment": bool}`` -> per sentence, in order,
         its k best hypotheses: text, pieces, base-2 score, positional scores (alignment)."""
-        body = await _body(request)
+        body = await read_body(request)
         self.guards.admit(request, body)
-        self._check_pair(body, required=False)
-        sentences = body.get("sentences")
-        if not (isinstance(sentences, list) and all(isinstance(s, str) for s in sentences)):
-            raise Refused(400, "'sentences' is required: a list of strings")
-        nbest = _integer(body, "nbest", self.translator.nbest, 1, self.translator.beam)
-        alignment = body.get("alignment", False)
-        if not isinstance(alignment, bool):
-            raise Refused(400, "'alignment' must be true or false")
-        if alignment and not self.translator.aligns:
-            raise Refused(400, "alignments are served when the server runs with --print-alignment")
-        translations = await self._translate(sentences, nbest)
+        ask = NbestRequest.parse(body, self.pair)
+        translations = await self.admission.translate(ask.sentences, ask.nbest)
         return json_answer(
             {
                 "translations": [
-                    {"hypotheses": [_hypothesis(h, alignment) for h in hypotheses]}
+                    {"hypotheses": [_hypothesis(h, ask.alignment) for h in hypotheses]}
                     for hypotheses in translations
                 ]
             }
@@ -240,8 +166,8 @@ class TranslationService:
     # ---- the rest ----------------------------------------------------------------------------
 
     async def libre_languages(self, request: web.Request) -> web.Response:
-        source, target = self.languages
-        return json_answer([{"code": source, "name": source, "targets": [target]}])
+        pair = self.pair
+        return json_answer([{"code": pair.source, "name": pair.source, "targets": [pair.target]}])
 
     async def health(self, request: web.Request) -> web.Response:
         translator = self.translator
@@ -249,7 +175,7 @@ class TranslationService:
         status = (
             "failed" if failure
             else "restarting" if translator.restarting
-            else "stopping" if self.stopping
+            else "stopping" if self.admission.stopping
             else "ok"
         )  # fmt: skip
         answer = {"status": status, "queued": translator.queued, "in_flight": translator.in_flight}
@@ -271,8 +197,8 @@ class TranslationService:
 
     async def page(self, request: web.Request) -> web.Response:
         settings = {
-            "source": self.languages[0],
-            "target": self.languages[1],
+            "source": self.pair.source,
+            "target": self.pair.target,
             "beam": self.translator.beam,
             "nbest": self.translator.nbest,
             "keys": self.guards.keys is not None,  # the page then asks for one
@@ -281,41 +207,6 @@ class TranslationService:
         inline = json.dumps(settings).replace("<", "\\u003c")
         html = PAGE.read_text().replace("__SETTINGS__", inline)
         return web.Response(text=html, content_type="text/html")
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    """A JSON object, or a URL-encoded form (LibreTranslate takes both), as a dict."""
-    raw = await request.read()  # 413 past client_max_size
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise Refused(
-            400, f"the body is not valid UTF-8: byte 0x{raw[error.start]:02x} at {error.start}"
-        ) from None
-    if request.content_type == "application/x-www-form-urlencoded":
-        try:
-            fields = urllib.parse.parse_qs(text, keep_blank_values=True, errors="strict")
-        except UnicodeDecodeError:
-            raise Refused(400, "the form has a value that is not valid UTF-8") from None
-        return {key: values[-1] for key, values in fields.items()}
-    if request.content_type not in ("application/json", "application/octet-stream"):
-        raise Refused(415, "send JSON (Content-Type: application/json) or a URL-encoded form")
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise Refused(400, f"the body is not valid JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise Refused(400, "the body must be a JSON object")
-    return body
-
-
-def _integer(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
-    value = body.get(name, default)
-    if isinstance(value, str) and value.strip().isdigit():  # from a form
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise Refused(400, f"'{name}' must be an integer from {low} to {high}")
-    return value
 
 
 def _hypothesis(translation: Translation, alignment: bool) -> dict[str, Any]:
@@ -348,10 +239,11 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     address = runner.addresses[0]
-    logger.info("serving %s-%s on http://%s:%d", *service.languages, address[0], address[1])
+    pair = service.pair
+    logger.info("serving %s-%s on http://%s:%d", pair.source, pair.target, *address[:2])
     await stop.wait()
     logger.info("stopping: no new requests; answering those accepted")
-    service.stopping = True
+    service.admission.stopping = True
     for signum in (signal.SIGTERM, signal.SIGINT):
         # A second signal (``timeout`` and process managers send one to the child and one to
         # its group) must not kill what is draining; the loop would restore the default.

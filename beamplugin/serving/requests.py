@@ -1,0 +1,122 @@
+"""What a translation request asks for: its body read as a dict (JSON or a URL-encoded form, as
+LibreTranslate takes both) and each endpoint's fields checked into a plain object, or
+:class:`Refused` with 400 (415 for a body of another type) saying which field is wrong."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from beamplugin.serving.responses import Refused
+
+
+@dataclass(frozen=True)
+class ServedPair:
+    """What the server translates: the languages, the beam (the most hypotheses a request may
+    ask for), the default n-best and whether it prints alignments."""
+
+    source: str
+    target: str
+    beam: int
+    nbest: int
+    aligns: bool
+
+    def check(self, body: dict[str, Any], required: bool) -> None:
+        """Refused unless the body's ``source`` and ``target`` (required, or else optional)
+        are this pair (``source`` may be ``auto``)."""
+        given = body.get("source"), body.get("target")
+        if required and None in given:
+            raise Refused(400, "'source' and 'target' are required (language codes)")
+        if given[0] not in (None, self.source, "auto") or given[1] not in (None, self.target):
+            raise Refused(
+                400,
+                f"this server translates {self.source} to {self.target}, "
+                f"not {given[0]} to {given[1]}",
+            )
+
+
+@dataclass(frozen=True)
+class LibreRequest:
+    """LibreTranslate's ``/translate``: ``q`` a string (``single``) or a list of strings, and
+    ``alternatives`` more hypotheses per line."""
+
+    lines: list[str]
+    single: bool
+    alternatives: int
+    detect_source: bool
+
+    @classmethod
+    def parse(cls, body: dict[str, Any], pair: ServedPair) -> LibreRequest:
+        pair.check(body, required=True)
+        q = body.get("q")
+        if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(s, str) for s in q))):
+            raise Refused(400, "'q' is required: a string or a list of strings")
+        if body.get("format", "text") != "text":
+            raise Refused(400, "only format 'text' is served")
+        alternatives = integer_field(body, "alternatives", 0, 0, pair.beam - 1)
+        single = isinstance(q, str)
+        return cls([q] if single else q, single, alternatives, body.get("source") == "auto")
+
+
+@dataclass(frozen=True)
+class NbestRequest:
+    """``/v1/translate``: ``sentences``, ``nbest`` hypotheses of each, with ``alignment``."""
+
+    sentences: list[str]
+    nbest: int
+    alignment: bool
+
+    @classmethod
+    def parse(cls, body: dict[str, Any], pair: ServedPair) -> NbestRequest:
+        pair.check(body, required=False)
+        sentences = body.get("sentences")
+        if not (isinstance(sentences, list) and all(isinstance(s, str) for s in sentences)):
+            raise Refused(400, "'sentences' is required: a list of strings")
+        nbest = integer_field(body, "nbest", pair.nbest, 1, pair.beam)
+        alignment = body.get("alignment", False)
+        if not isinstance(alignment, bool):
+            raise Refused(400, "'alignment' must be true or false")
+        if alignment and not pair.aligns:
+            raise Refused(400, "alignments are served when the server runs with --print-alignment")
+        return cls(sentences, nbest, alignment)
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """A JSON object, or a URL-encoded form, as a dict."""
+    raw = await request.read()  # 413 past client_max_size
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise Refused(
+            400, f"the body is not valid UTF-8: byte 0x{raw[error.start]:02x} at {error.start}"
+        ) from None
+    if request.content_type == "application/x-www-form-urlencoded":
+        try:
+            fields = urllib.parse.parse_qs(text, keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            raise Refused(400, "the form has a value that is not valid UTF-8") from None
+        return {key: values[-1] for key, values in fields.items()}
+    if request.content_type not in ("application/json", "application/octet-stream"):
+        raise Refused(415, "send JSON (Content-Type: application/json) or a URL-encoded form")
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Refused(400, f"the body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "the body must be a JSON object")
+    return body
+
+
+def integer_field(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """``body[name]`` (``default`` if absent) as an integer in ``low..high``; a form's digits
+    count."""
+    value = body.get(name, default)
+    if isinstance(value, str) and value.strip().isdigit():  # from a form
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise Refused(400, f"'{name}' must be an integer from {low} to {high}")
+    return value
