@@ -142,20 +142,9 @@ def record(generator: Any, model: torch.nn.Module, batches: list) -> Recording:
         recording.products.append(("attention", replay, 2 * 2 * q.numel() * width))
         return attend(query, memory, out)
 
-    conv_tbc = torch.conv_tbc
-
-    def recorded_conv_tbc(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                          pad: int) -> torch.Tensor:  # fmt: skip
-        x_alone = recording.random(x.shape, x.dtype)
-        flops = 2 * (x.size(0) + 2 * pad - weight.size(0) + 1) * x.size(1) * weight.numel()
-        replay = lambda: conv_tbc(x_alone, weight, bias, pad)  # noqa: E731
-        recording.products.append(("encoder", replay, flops))
-        return conv_tbc(x, weight, bias, pad)
-
     restore = [
         replace(InferenceCache, "product", recorded_product),
         replace(attention_module, "_attend", recorded_attend),
-        replace(torch, "conv_tbc", recorded_conv_tbc),
     ]
     try:
         run(generator, model, batches)
@@ -173,7 +162,6 @@ def where_the_time_goes(generator: Any, model: torch.nn.Module, batches: list) -
     restore = instrument(generator, timers) + [
         timers.wrap(InferenceCache, "product", "products"),
         timers.wrap(attention_module, "_attend", "products"),
-        timers.wrap(torch, "conv_tbc", "products"),
     ]
     total = run(generator, model, batches)[0]
     for undo in restore:

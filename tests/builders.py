@@ -150,6 +150,22 @@ def assert_same(ref: list, out: list, check_attention: bool = True) -> None:
                 )
 
 
+def assert_identical(ref: list, out: list) -> None:
+    """Each sentence's n-best bit for bit: tokens, score, positional scores and attention over
+    the sentence's own source (``out`` may be left-padded wider)."""
+    assert len(ref) == len(out)
+    for sent, (ref_hypos, our_hypos) in enumerate(zip(ref, out, strict=True)):
+        assert len(ref_hypos) == len(our_hypos), f"sentence {sent}"
+        for rank, (r, o) in enumerate(zip(ref_hypos, our_hypos, strict=True)):
+            where = f"sentence {sent} hypothesis {rank}"
+            assert torch.equal(o["tokens"], r["tokens"]), where
+            assert torch.equal(o["score"], r["score"]), where
+            assert torch.equal(o["positional_scores"], r["positional_scores"]), where
+            width = r["attention"].size(0)
+            assert not o["attention"][:-width].any(), where
+            assert torch.equal(o["attention"][-width:], r["attention"]), where
+
+
 def fairseq_reference(lprobs: torch.Tensor, scores: torch.Tensor, beam: int, step: int):
     """fairseq's BeamSearch.step plus its choice of the next beam (first beam non-EOS)."""
     bsz, in_beam, vocab = lprobs.shape

@@ -1,6 +1,6 @@
-"""Continuous batching: sentences admitted into freed capacity mid-search get the same n-best
-lists (tokens, scores, positional scores, attention) as when each is decoded alone, whatever
-the capacity and the arrival order; nothing is lost or duplicated.
+"""Continuous batching: sentences admitted into freed capacity mid-search get the very n-best
+lists (tokens, scores, positional scores, attention: the same bits) as when each is decoded
+alone, whatever the capacity and the arrival order; nothing is lost or duplicated.
 
 The models are the sharpened random ones of the generator's tests, and sentences have very
 different lengths, so they finish at very different steps and slots really refill (asserted).
@@ -17,7 +17,16 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from builders import ORDERS, VOCAB_WORDS, alone, assert_same, build_convs2s, one_sentence, stream
+from builders import (
+    ORDERS,
+    VOCAB_WORDS,
+    alone,
+    assert_identical,
+    assert_same,
+    build_convs2s,
+    one_sentence,
+    stream,
+)
 from fairseq import search
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
@@ -101,7 +110,7 @@ def test_stream_equals_each_sentence_alone(vocab, models, sentences, options, ar
         out, engine = stream(gen, sentences, ORDERS[order_name], window=WINDOWS[window_name],
                              **capacity)
         context = (order_name, window_name, capacity)
-        assert_same(expected, out)
+        assert_identical(expected, out)
         assert engine.refills > 0, context
         if window_name == "windows of 4":
             assert engine.block_steps > 0, context
@@ -118,7 +127,7 @@ def test_stream_with_prefixes_equals_each_sentence_alone(vocab, models, sentence
     expected = [alone(gen, s, p) for s, p in zip(sentences, prefixes, strict=True)]
     for order in ORDERS.values():
         out, engine = stream(gen, sentences, order, prefixes, window=4, max_sentences=4)
-        assert_same(expected, out)
+        assert_identical(expected, out)
         assert engine.refills > 0
     for hypos, prefix in zip(out, prefixes, strict=True):
         tokens = hypos[0]["tokens"].tolist()
@@ -136,7 +145,7 @@ def test_stream_of_an_ensemble_with_length_constraints(vocab, models, sentences,
     gen = SequenceGenerator(pair, vocab, beam_size=4, max_len_b=20, search_strategy=strategy)
     expected = [alone(gen, s) for s in sentences]
     out, engine = stream(gen, sentences, ORDERS["shuffled"], max_sentences=4)
-    assert_same(expected, out)
+    assert_identical(expected, out)
     assert engine.refills > 0
 
 

@@ -58,9 +58,9 @@ def test_converted_checkpoint_builds_convs2s_and_translates_identically(fconv_ch
 
     theirs, ours = generate(fconv), generate(convs2s)
     assert len(theirs) == 200 and len(ours) == 200
-    # Same translations; scores equal up to float rounding: convs2s attends with one product
-    # per sentence and decodes the first step on one row per sentence (other shapes, other
-    # summation order than fconv's per-row products).
+    # Same translations; scores equal up to float rounding (convs2s multiplies on oneDNN's
+    # packed weights, attends with one product per sentence and decodes the first step on one
+    # row per sentence), printed with 4 decimals: one unit of the last apart at most.
     for their_line, our_line in zip(theirs, ours, strict=True):
         their_fields, our_fields = their_line.split("\t"), our_line.split("\t")
         assert our_fields[0] == their_fields[0]
@@ -68,7 +68,7 @@ def test_converted_checkpoint_builds_convs2s_and_translates_identically(fconv_ch
             assert our_fields[2] == their_fields[2]
         their_scores = [float(x) for x in their_fields[1].split()]
         our_scores = [float(x) for x in our_fields[1].split()]
-        assert our_scores == pytest.approx(their_scores, abs=1e-5)
+        assert our_scores == pytest.approx(their_scores, abs=1.5e-4)
 
 
 def test_converted_checkpoint_translates_with_our_engine_through_from_pretrained(

@@ -76,8 +76,11 @@ def test_named_architectures_have_fconvs_options_names_and_shapes(toy_dictionary
 
 @pytest.mark.parametrize("source_lengths", [[9, 5, 7], [6, 6, 6]], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("shape", SMALL_SHAPES)
-def test_fconv_state_dict_gives_identical_outputs(toy_dictionary, shape, source_lengths):
-    """Bit for bit, in the full pass and step by step: both models run the same operations."""
+def test_fconv_state_dict_gives_the_same_outputs(toy_dictionary, shape, source_lengths):
+    """Up to float rounding, in the full pass and step by step: the weights mean the same in
+    both models (a misplaced or mis-scaled weight moves outputs by far more). Not bit for bit:
+    our inference products take oneDNN's packed weights, which give a row the same bits
+    whatever rows share its product, where fconv's go through MKL (beamplugin.modules.linear)."""
     fconv = fconv_with_random_weights(toy_dictionary, **SMALL_SHAPES[shape])
     ours = convs2s_loaded_from(fconv, toy_dictionary, **SMALL_SHAPES[shape])
     src = left_padded_sources(toy_dictionary, source_lengths)
@@ -86,8 +89,8 @@ def test_fconv_state_dict_gives_identical_outputs(toy_dictionary, shape, source_
     with torch.no_grad():
         expected_logits, expected_attn = fconv(src, None, prev)
         logits, attn = ours(src, None, prev)
-        assert torch.equal(logits, expected_logits)
-        assert torch.equal(attn, expected_attn)
+        assert_rounding_apart(logits, expected_logits)
+        assert_rounding_apart(attn, expected_attn)
 
         fconv_out, our_out = fconv.encoder(src, None), ours.encoder(src)
         fconv_state: dict = {}
@@ -95,8 +98,12 @@ def test_fconv_state_dict_gives_identical_outputs(toy_dictionary, shape, source_
         for step in range(1, prev.size(1) + 1):
             expected_logits, expected_attn = fconv.decoder(prev[:, :step], fconv_out, fconv_state)
             logits, attn = ours.decoder(prev[:, :step], our_out, our_state)
-            assert torch.equal(logits, expected_logits)
-            assert torch.equal(attn, expected_attn)
+            assert_rounding_apart(logits, expected_logits)
+            assert_rounding_apart(attn, expected_attn)
+
+
+def assert_rounding_apart(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
 def test_fairseq_sequence_generator_finds_the_same_translations(toy_dictionary):
@@ -119,9 +126,9 @@ def test_fairseq_sequence_generator_finds_the_same_translations(toy_dictionary):
         assert len(hypos) == len(expected_hypos) == 3
         for expected_hypo, hypo in zip(expected_hypos, hypos, strict=True):
             assert torch.equal(hypo["tokens"], expected_hypo["tokens"])
-            assert hypo["score"] == expected_hypo["score"]
-            assert torch.equal(hypo["positional_scores"], expected_hypo["positional_scores"])
-            assert torch.equal(hypo["attention"], expected_hypo["attention"])
+            assert float(hypo["score"]) == pytest.approx(float(expected_hypo["score"]), abs=1e-5)
+            assert_rounding_apart(hypo["positional_scores"], expected_hypo["positional_scores"])
+            assert_rounding_apart(hypo["attention"], expected_hypo["attention"])
             lengths.add(len(hypo["tokens"]))
     assert len(lengths) > 1  # sentences finished at different steps
 

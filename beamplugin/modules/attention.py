@@ -44,9 +44,11 @@ def encoder_memory(encoder_out: dict) -> EncoderMemory:
     if padding_mask is None:
         scale = values.new_full((values.size(0), 1, 1), src_len * math.sqrt(1.0 / src_len))
     else:
-        # counted in float32: bfloat16 holds integers exactly only up to 256
-        lengths = src_len - padding_mask.float().sum(dim=1, keepdim=True).unsqueeze(-1)
-        scale = (lengths * lengths.rsqrt()).to(values.dtype)
+        # fconv's unpadded formula (n * sqrt(1 / n) in double) for every sentence: its float32
+        # rsqrt for padded ones can differ in the last bit, and a sentence's scores would then
+        # depend on whether a batch-mate made it padded
+        lengths = src_len - padding_mask.double().sum(dim=1, keepdim=True).unsqueeze(-1)
+        scale = (lengths * lengths.reciprocal().sqrt()).to(values.dtype)
         bias = values.new_zeros(padding_mask.shape).masked_fill_(padding_mask, -math.inf)
         bias = bias.unsqueeze(1)
     return {

@@ -1,18 +1,19 @@
-"""Matrix products of the model, routed to the fastest CPU kernel for large weights.
+"""Matrix products of the model in inference: oneDNN's matmul on packed weights, on CPU.
 
-On CPU, ``F.linear`` runs float32 products through MKL. For the decoder's output projection
-(vocabulary x embedding, a few to a few hundred rows per step) and its convolutions oneDNN's
-matmul is faster on the machine we measured, an AMD EPYC (``python scripts/bench_linear.py``;
-docs/speed.md); for small float32 weights MKL is as fast. Results differ from ``F.linear`` only
-in rounding (about 1e-6 relative). Training keeps ``F.linear``: the oneDNN op has no autograd
-formula.
+On CPU, ``F.linear`` runs float32 products through MKL, which on the AMD EPYC we measured is
+1.6-2.4 times slower than oneDNN's matmul from 5 rows up, at every shape of these models
+(``python scripts/bench_linear.py``; docs/speed.md), and picks other kernels for 1 to 3 rows, so
+a row's result would depend on how many rows share its product. Every inference product
+therefore takes oneDNN's: its results differ from ``F.linear`` only in rounding (about 1e-6
+relative), and a row gets the same bits whatever rows are beside it, which makes a sentence
+decode bit for bit the same alone or batched. Training keeps ``F.linear``: the oneDNN op has no
+autograd formula.
 
 Given a plain weight, oneDNN lays it out in its blocked format on every product: a read and a
 write of the whole weight on top of the product's own read. Modules keep a packed copy instead
 (:class:`InferenceCache`): faster when the weight comes from memory rather than cache, as it
-does between decoder steps, and bit-identical results for any number of rows. A model cast to
-bfloat16 or float16 packs its weights in that precision, on CPUs that multiply it in hardware
-(beamplugin.fairseq_plugin.precision).
+does between decoder steps. A model cast to bfloat16 or float16 packs its weights in that
+precision, on CPUs that multiply it in hardware (beamplugin.fairseq_plugin.precision).
 """
 
 from __future__ import annotations
@@ -38,12 +39,6 @@ def native_on_cpu(dtype: torch.dtype) -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
-
-# float32 weights with at least this many elements use oneDNN on CPU: the vocabulary
-# projection and the decoder's convolutions (0.4M in iwslt's decoder); for the 65k attention
-# projections MKL is as fast. Half-precision products all take oneDNN's packed weights, faster
-# at every size (docs/precision.md).
-ONEDNN_MIN_WEIGHTS = 1 << 18
 
 _onednn_linear = (
     torch.ops.mkldnn._linear_pointwise
@@ -141,7 +136,6 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
 def uses_onednn(x: Tensor, weight: Tensor) -> bool:
     return (
         _onednn_linear is not None
-        and (weight.numel() >= ONEDNN_MIN_WEIGHTS or weight.dtype != torch.float32)
         and x.device.type == "cpu"
         and x.dtype == weight.dtype
         and weight.dtype in ONEDNN_DTYPES
@@ -155,7 +149,7 @@ def linear(
     bias: Tensor | None,
     packed: Callable[[], Tensor | None] | None = None,
 ) -> Tensor:
-    """``F.linear(x, weight, bias)``, through oneDNN where that is faster (see module doc).
+    """``F.linear(x, weight, bias)``, through oneDNN in inference on CPU (see module doc).
     ``packed``, if given, returns :func:`pack_weight` of ``weight``; it is only called on the
     oneDNN path (a cache lookup or a packing that the other path does not need)."""
     if not uses_onednn(x, weight):
