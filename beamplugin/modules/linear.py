@@ -56,11 +56,12 @@ ONEDNN_DTYPES = frozenset(
 )
 
 
-# With int8 products on (--int8), weights of at least this many elements: the vocabulary
-# projection and the convolutions (0.4M in iwslt's shape); the attention projections, fc1 and
-# fc2 (65k there) stay float32: at a few rows the quantization's own operations cost more than
-# their product (docs/speed.md).
-INT8_MIN_WEIGHTS = 1 << 17
+# With int8 products on (--int8), weights of at least this many elements: every product of
+# iwslt's shapes, the 256 x 256 attention projections included (with every float32 product on
+# oneDNN, int8 for those made the decode x1.24 of float32 at batch 1 and x1.58 at batch 64,
+# against x1.06-1.11 and x1.40-1.43 with them in float32: docs/speed.md); smaller ones, where
+# the quantization's own operations cost more than the product, stay float32.
+INT8_MIN_WEIGHTS = 1 << 16
 
 
 def _int8_products_are_exact(weight_levels: int) -> bool:
