@@ -40,17 +40,16 @@ def encoder_memory(encoder_out: dict) -> EncoderMemory:
     keys, values = encoder_out["encoder_out"]
     padding_mask = encoder_out["encoder_padding_mask"]
     src_len = values.size(1)
+    # real tokens per sentence; every sentence scaled with fconv's unpadded formula (n *
+    # sqrt(1 / n) in double): its float32 rsqrt for padded ones can differ in the last bit, and
+    # a sentence's scores would then depend on whether a batch-mate made it padded
+    lengths = values.new_full((values.size(0), 1, 1), src_len, dtype=torch.float64)
     bias = None
-    if padding_mask is None:
-        scale = values.new_full((values.size(0), 1, 1), src_len * math.sqrt(1.0 / src_len))
-    else:
-        # fconv's unpadded formula (n * sqrt(1 / n) in double) for every sentence: its float32
-        # rsqrt for padded ones can differ in the last bit, and a sentence's scores would then
-        # depend on whether a batch-mate made it padded
-        lengths = src_len - padding_mask.double().sum(dim=1, keepdim=True).unsqueeze(-1)
-        scale = (lengths * lengths.reciprocal().sqrt()).to(values.dtype)
+    if padding_mask is not None:
+        lengths -= padding_mask.double().sum(dim=1).view(-1, 1, 1)
         bias = values.new_zeros(padding_mask.shape).masked_fill_(padding_mask, -math.inf)
         bias = bias.unsqueeze(1)
+    scale = (lengths * lengths.reciprocal().sqrt()).to(values.dtype)
     return {
         "keys": keys.transpose(1, 2).contiguous(),
         "values": values,

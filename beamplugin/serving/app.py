@@ -66,18 +66,11 @@ class TranslationService:
         self.admission = Admission(
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
-        self.pair = ServedPair(
-            translator.source_lang,
-            translator.target_lang,
-            translator.beam,
-            translator.nbest,
-            translator.aligns,
-        )
+        self.pair = pair = ServedPair.of(translator)
         self.spec = openapi(SpecSettings(
-            self.pair.source, self.pair.target, translator.beam, translator.nbest,
-            max_request_sentences,
+            pair.source, pair.target, pair.beam, pair.nbest, max_request_sentences,
             keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
-            char_limit=self.guards.char_limit, aligns=translator.aligns,
+            char_limit=self.guards.char_limit, aligns=pair.aligns,
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from beamplugin.serving.responses import Refused
+from beamplugin.serving.translator import Translator
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,13 @@ class ServedPair:
     beam: int
     nbest: int
     aligns: bool
+
+    @classmethod
+    def of(cls, translator: Translator) -> ServedPair:
+        return cls(
+            translator.source_lang, translator.target_lang, translator.beam, translator.nbest,
+            translator.aligns,
+        )  # fmt: skip
 
     def check(self, body: dict[str, Any], required: bool) -> None:
         """Refused unless the body's ``source`` and ``target`` (required, or else optional)
@@ -53,7 +61,7 @@ class LibreRequest:
     def parse(cls, body: dict[str, Any], pair: ServedPair) -> LibreRequest:
         pair.check(body, required=True)
         q = body.get("q")
-        if not (isinstance(q, str) or (isinstance(q, list) and all(isinstance(s, str) for s in q))):
+        if not (isinstance(q, str) or _strings(q)):
             raise Refused(400, "'q' is required: a string or a list of strings")
         if body.get("format", "text") != "text":
             raise Refused(400, "only format 'text' is served")
@@ -74,7 +82,7 @@ class NbestRequest:
     def parse(cls, body: dict[str, Any], pair: ServedPair) -> NbestRequest:
         pair.check(body, required=False)
         sentences = body.get("sentences")
-        if not (isinstance(sentences, list) and all(isinstance(s, str) for s in sentences)):
+        if not _strings(sentences):
             raise Refused(400, "'sentences' is required: a list of strings")
         nbest = integer_field(body, "nbest", pair.nbest, 1, pair.beam)
         alignment = body.get("alignment", False)
@@ -83,6 +91,11 @@ class NbestRequest:
         if alignment and not pair.aligns:
             raise Refused(400, "alignments are served when the server runs with --print-alignment")
         return cls(sentences, nbest, alignment)
+
+
+def _strings(value: Any) -> bool:
+    """Whether ``value`` is a list of strings."""
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
