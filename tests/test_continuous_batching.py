@@ -24,6 +24,7 @@ from builders import (
     assert_identical,
     assert_same,
     build_convs2s,
+    build_transformer,
     one_sentence,
     stream,
 )
@@ -118,6 +119,30 @@ def test_stream_equals_each_sentence_alone(vocab, models, sentences, options, ar
             assert [[h["alignment"] for h in hs] for hs in out] == [
                 [h["alignment"] for h in hs] for hs in expected
             ]
+
+
+@pytest.mark.parametrize("arch", MIXING)
+def test_narrow_attention_keeps_its_bits_across_the_widths_where_torch_changes_kernel(vocab, arch):
+    """The test models attend with narrow vectors (the transformer's heads 8 wide, convs2s's
+    keys 16): torch computes a product of one query row over fewer than 50 (25) positions in its
+    own loop, over more in BLAS, and the two round differently. Sources of up to 40 words and
+    outputs of up to 100 tokens cross these widths, alone and beside one another: each sentence
+    still gets the bits it gets alone (the transformer's did not while its reads could be
+    narrower than least_width)."""
+    model = build_transformer(vocab, 1, eos_boost=0.0) if arch == "transformer" else (
+        build_convs2s(vocab, 1))
+    g = torch.Generator().manual_seed(5)
+    sources = [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for n in (12, 40, 3, 20, 13, 25, 2, 33, 6, 18)
+    ]
+    gen = SequenceGenerator([model], vocab, beam_size=2, max_len_a=2.5, max_len_b=2)
+    expected = [alone(gen, s) for s in sources]
+    order = random.Random(3).sample(range(len(sources)), len(sources))
+    out, engine = stream(gen, sources, order, window=4, max_sentences=4)
+    assert_identical(expected, out)
+    assert engine.refills > 0
 
 
 @pytest.mark.parametrize("arch", MIXING)

@@ -12,6 +12,7 @@ import torch
 
 from beamplugin.modules import MemoryPool, attention_memory_pool
 from beamplugin.modules import memory_pool as memory_pool_module
+from beamplugin.modules.memory_pool import NAIVE_PRODUCTS
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def seen(view: dict) -> list[tuple[list[float], list[bool], float]]:
 
 
 def test_slots_are_written_moved_widened_and_narrowed(one_lane):
-    pool = attention_memory_pool()
+    pool = attention_memory_pool(NAIVE_PRODUCTS)
     pool.write(0, memory([[1, 2], [3, 4]]), slice(0, 2), 2)  # a new batch is taken as it is
     assert slots(pool, 2) == [([1, 2], [False, False], 1.0), ([3, 4], [False, False], 2.0)]
     # wider: everything left-padded
@@ -89,7 +90,7 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width(one_lane)
     rows, cut to their own width, and never changes the encoder output the others wait in."""
     encoded = memory([[0, 0, 1], [0, 2, 3], [4, 5, 6]], padded=[2, 1, 0])
     before = {k: v.clone() for k, v in encoded["attention_memory"].items()}
-    pool = attention_memory_pool()
+    pool = attention_memory_pool(NAIVE_PRODUCTS)
     pool.write(0, encoded, slice(0, 2), 2)
     assert pool.width == 2
     assert slots(pool, 2) == [([0, 1], [True, False], 1.0), ([2, 3], [False, False], 2.0)]
@@ -102,7 +103,7 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width(one_lane)
 
 
 def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source(one_lane):
-    pool = attention_memory_pool()
+    pool = attention_memory_pool(NAIVE_PRODUCTS)
     pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
     pool.write(1, memory([[3, 4, 5, 6]]), slice(0, 1), 4)
     pool.write(2, memory([[8]]), slice(0, 1), 1)
@@ -123,7 +124,7 @@ def test_widths_are_multiples_of_the_lanes(monkeypatch):
     last: a new batch of width 2 is padded to 4, a group is cut to its widest source rounded
     up, and the pool narrows only to a multiple of the lanes."""
     monkeypatch.setattr(memory_pool_module, "LANES", 4)
-    pool = attention_memory_pool()
+    pool = attention_memory_pool(NAIVE_PRODUCTS)
     pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
     assert pool.width == 4
     assert slots(pool, 1) == [([0, 0, 1, 2], [True, True, False, False], 1.0)]
@@ -135,3 +136,20 @@ def test_widths_are_multiples_of_the_lanes(monkeypatch):
     pool.rearrange([0])
     assert pool.width == 4
     assert slots(pool, 1) == [([0, 0, 1, 2], [True, True, False, False], 1.0)]
+
+
+def test_a_pool_of_narrow_keys_reads_at_least_the_width_of_a_blas_product(monkeypatch):
+    """With 8-wide keys one query row needs 50 positions for torch to take its BLAS kernel
+    (NAIVE_PRODUCTS multiply-adds): reads are at least that, lane-wide, however short the
+    sources; wider sources widen them as before."""
+    monkeypatch.setattr(memory_pool_module, "LANES", 4)
+    pool = attention_memory_pool(8)
+    assert pool.least == 52
+    pool.write(0, memory([[1, 2]]), slice(0, 1), 2)
+    assert pool.width == 52
+    (group, _), = pool.view([(1, 1)])["attention_groups"]
+    assert seen(group) == [([0] * 50 + [1, 2], [True] * 50 + [False] * 2, 1.0)]
+    pool.write(1, memory([[3] * 60]), slice(0, 1), 60)
+    assert pool.width == 60
+    pool.rearrange([0])
+    assert pool.width == 60  # narrowing to 52 would not halve it

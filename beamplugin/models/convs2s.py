@@ -167,7 +167,7 @@ class ConvS2SEncoder(FairseqEncoder):
 
     def memory_pool(self) -> MemoryPool:
         """Where a search keeps the encoder output of sentences at different steps."""
-        return attention_memory_pool()
+        return attention_memory_pool(self.embed_tokens.embedding_dim)
 
 
 class ConvS2SDecoder(FairseqIncrementalDecoder):

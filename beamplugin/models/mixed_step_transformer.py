@@ -27,7 +27,13 @@ from torch import Tensor, nn
 
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
-from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
+from beamplugin.modules.memory_pool import (
+    Layout,
+    MemoryPool,
+    Pooled,
+    lane_width,
+    least_width,
+)
 from beamplugin.runtime.buffer_pool import BufferPool
 
 Memory = dict[str, Tensor | None]
@@ -165,7 +171,7 @@ class PooledTransformerEncoder(nn.Module):
         return memory
 
     def memory_pool(self) -> MemoryPool:
-        return MemoryPool(self.layout)
+        return MemoryPool(self.layout, self.head_dim)
 
 
 class MixedStepTransformerDecoder(nn.Module):
@@ -296,7 +302,8 @@ class MixedStepTransformerDecoder(nn.Module):
         their values finite (masked where they are not a row's own: 0 x NaN would not be 0),
         so that nothing is cleared or allocated until the rows or the width outgrow them."""
         old, order = state.get("history"), state.pop("order", None)
-        layers, width = len(self.decoder.layers), lane_width(steps)
+        layers = len(self.decoder.layers)
+        width = max(lane_width(steps), least_width(self.head_dim))
         lease = state.get("lease")
         if lease is None:
             lease = state["lease"] = self.buffers.lease()

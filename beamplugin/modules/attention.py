@@ -24,9 +24,10 @@ ATTENTION_MEMORY_LAYOUT: Layout = {
 }
 
 
-def attention_memory_pool() -> MemoryPool:
-    """An empty pool for the attention memory of the sentences in flight."""
-    return MemoryPool(ATTENTION_MEMORY_LAYOUT)
+def attention_memory_pool(embed: int) -> MemoryPool:
+    """An empty pool for the attention memory (``embed``-wide keys) of the sentences in
+    flight."""
+    return MemoryPool(ATTENTION_MEMORY_LAYOUT, embed)
 
 
 def encoder_memory(encoder_out: dict) -> EncoderMemory:

@@ -15,7 +15,10 @@ Widths are multiples of :data:`LANES` positions: torch's CPU reductions over a r
 softmax's sum) run in vectors of at most that many lanes, so with the row's own positions last
 and its width a multiple of the lanes, each position meets the same lanes in the same order
 however much padding precedes it, and a sentence's attention has the same bits alone or
-batched (padding adds exact zeros).
+batched (padding adds exact zeros). And a pool reads at least :func:`least_width` positions:
+torch computes a product of fewer than :data:`NAIVE_PRODUCTS` multiply-adds per matrix in a
+loop of its own, which rounds differently from the BLAS kernel that larger ones take, so a
+sentence's attention would change bits when a batch-mate's longer source widens the read.
 """
 
 from __future__ import annotations
@@ -29,11 +32,19 @@ from beamplugin.runtime.host_transfer import to_device
 Memory = dict[str, Tensor | None]
 
 LANES = 16  # float32 lanes of AVX512 (AVX2's 8 divide it)
+NAIVE_PRODUCTS = 400  # torch's batched products below this many multiply-adds: its own loop
 
 
 def lane_width(width: int) -> int:
     """``width`` rounded up to a multiple of :data:`LANES`."""
     return -(-width // LANES) * LANES
+
+
+def least_width(inner: int) -> int:
+    """The fewest positions an attention of one query row over ``inner``-wide keys reads
+    (lane-wide), so that its products (query x keys, weights x values) take the BLAS kernel
+    whatever the width: only attention heads narrower than 25 need more than :data:`LANES`."""
+    return lane_width(-(-NAIVE_PRODUCTS // inner))
 
 
 class Pooled(NamedTuple):
@@ -50,8 +61,11 @@ Layout = dict[str, Pooled]
 
 
 class MemoryPool:
-    def __init__(self, layout: Layout) -> None:
+    """The pool of a memory whose attention reads ``inner``-wide keys."""
+
+    def __init__(self, layout: Layout, inner: int) -> None:
         self.layout = layout
+        self.least = least_width(inner)
         self.memory: Memory = {}
         self.widths: list[int] = []  # per live slot: its source width (own padding included)
         # views made since the slots last changed, by groups: most steps at a small capacity
@@ -83,7 +97,7 @@ class MemoryPool:
         if first_slot == 0:  # a new batch
             self.memory, self.widths = {}, []
         self.widths = self.widths[:first_slot] + [width] * count
-        width = lane_width(max(self.widths))
+        width = self._read_width(self.widths)
         if first_slot == 0 and new_width(new, self.layout) == width:
             # its memory becomes the pool
             if any(t is not None and t.shape != source[name].shape for name, t in new.items()):
@@ -150,9 +164,13 @@ class MemoryPool:
             for tensor in self.memory.values():
                 if tensor is not None:
                     tensor.index_copy_(0, slots, tensor.index_select(0, olds))
-        if self.widths and 2 * lane_width(max(self.widths)) <= self.width:
+        if self.widths and 2 * self._read_width(self.widths) <= self.width:
             capacity = self._reference()[1].size(0)
-            self._reallocate(len(order), capacity, lane_width(max(self.widths)), self.memory)
+            self._reallocate(len(order), capacity, self._read_width(self.widths), self.memory)
+
+    def _read_width(self, widths: list[int]) -> int:
+        """What the attention reads of sources ``widths`` wide."""
+        return lane_width(max(max(widths), self.least))
 
     def view(self, groups: list[tuple[int, int]]) -> dict:
         """The encoder output that the decoder reads: for each group of slots, from the first
@@ -162,7 +180,7 @@ class MemoryPool:
             attention_groups, slot = [], 0
             for sentences, rows_each in groups:
                 slots = slice(slot, slot + sentences)
-                width = lane_width(max(self.widths[slots]))
+                width = self._read_width(self.widths[slots])
                 memory = narrowed(self.memory, self.layout, slots, width)
                 attention_groups.append((memory, sentences * rows_each))
                 slot += sentences
