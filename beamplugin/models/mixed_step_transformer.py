@@ -27,14 +27,8 @@ from torch import Tensor, nn
 
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
-from beamplugin.modules.memory_pool import (
-    Layout,
-    MemoryPool,
-    Pooled,
-    lane_width,
-    least_width,
-)
-from beamplugin.runtime.buffer_pool import BufferPool
+from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
+from beamplugin.modules.self_attention_history import SelfAttentionHistory
 
 Memory = dict[str, Tensor | None]
 
@@ -178,14 +172,9 @@ class MixedStepTransformerDecoder(nn.Module):
     """fairseq's transformer decoder (eval mode: no dropout) for rows at different steps, one
     step at a time, on the prepared weights of :class:`TransformerWeights`.
 
-    The incremental state holds every layer's self-attention keys and values in one tensor,
-    ``history`` ``[2 x layers, rows, heads, width, head_dim]`` (keys of layer ``l`` at ``2l``,
-    values at ``2l + 1``): each row's own steps last, the very last column this step's, the
-    width a multiple of the vector lanes (as the memory pool's, for bit-identical results alone
-    or batched), the columns before a row's own steps masked. A reorder is only noted; the
-    next step gathers the rows it keeps into the other of two buffers, one copy for all layers
-    (rows of sentences that join are gathered from any row: their history is padding,
-    masked)."""
+    The incremental state holds every layer's self-attention keys and values
+    (beamplugin.modules.self_attention_history), each row's own steps last: the columns before
+    them are masked."""
 
     decodes_mixed_steps = True
     reads_encoder_out_per_sentence = True
@@ -196,9 +185,9 @@ class MixedStepTransformerDecoder(nn.Module):
         self.weights = weights
         self.pad = decoder.padding_idx
         self.alignment_layer = len(decoder.layers) - 1
-        self.buffers = BufferPool()  # the self-attention histories' (see _history)
         attention = decoder.layers[0].self_attn
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
+        self.history = SelfAttentionHistory(len(decoder.layers), self.heads, self.head_dim)
 
     def forward(
         self,
@@ -213,7 +202,7 @@ class MixedStepTransformerDecoder(nn.Module):
         tokens = prev_output_tokens
         rows, steps = tokens.shape
         x = self._embed(tokens)  # rows x embed
-        history = self._history(incremental_state, rows, steps, x)
+        history = self.history.advance(incremental_state, rows, steps, x)
         width = history.size(3)
         # -inf before each row's own steps (masked whether or not any is padding: no host sync)
         own_bias = x.new_full((rows, 1, 1, width), -math.inf)
@@ -293,42 +282,6 @@ class MixedStepTransformerDecoder(nn.Module):
             )
         return embed.weights.index_select(0, index).detach()
 
-    def _history(self, state: dict[str, Any], rows: int, steps: int, like: Tensor) -> Tensor:
-        """This step's self-attention history: the last step's ``steps - 1`` columns, its rows
-        gathered in the order noted by the reorder, then a free column.
-
-        Steps alternate between two buffers lent by the decoder's buffer pool, their rows and
-        columns at least this step's (the history is the first rows and the last columns),
-        their values finite (masked where they are not a row's own: 0 x NaN would not be 0),
-        so that nothing is cleared or allocated until the rows or the width outgrow them."""
-        old, order = state.get("history"), state.pop("order", None)
-        layers = len(self.decoder.layers)
-        width = max(lane_width(steps), least_width(self.head_dim))
-        lease = state.get("lease")
-        if lease is None:
-            lease = state["lease"] = self.buffers.lease()
-        buffer = state.get("spare")
-        if buffer is None or buffer.size(1) < rows or buffer.size(3) < width:
-            columns = width
-            if buffer is not None:
-                lease.give_back(buffer)
-                if buffer.size(3) < width:  # a long sentence: fewer, larger new buffers
-                    columns = max(width, 2 * buffer.size(3))
-            shape = (2 * layers, rows, self.heads, columns, self.head_dim)
-            buffer = lease.take(shape, like, grows=(1, 3))
-        history = buffer[:, :rows, :, buffer.size(3) - width :]
-        if old is not None and steps > 1:
-            window = old[:, :, :, old.size(3) - steps + 1 :]
-            kept = history[:, :, :, width - steps : -1]
-            if order is None:
-                kept.copy_(window)
-            else:
-                torch.index_select(window, 1, order, out=kept)
-        if "buffer" in state:
-            state["spare"] = state["buffer"]
-        state["buffer"], state["history"] = buffer, history
-        return history
-
     def _self_attention(
         self,
         prepared: LayerWeights,
@@ -358,13 +311,9 @@ class MixedStepTransformerDecoder(nn.Module):
     def reorder_incremental_state(
         self, incremental_state: dict[str, Any], new_order: Tensor, fresh_rows: int = 0
     ) -> None:
-        """Keep the rows ``new_order`` (noted: the next step gathers them); the last
-        ``fresh_rows`` of them start afresh, which needs nothing (their history is padding,
-        masked)."""
-        noted = incremental_state.get("order")
-        incremental_state["order"] = (
-            new_order if noted is None else noted.index_select(0, new_order)
-        )
+        """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh, which
+        needs nothing (their history is padding, masked)."""
+        self.history.reorder(incremental_state, new_order)
 
 
 def _encoder_layer(
