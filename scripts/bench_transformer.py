@@ -11,9 +11,12 @@ B consecutive sentences, as fairseq-generate makes them):
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
   ``translate_batch`` with ``max_batch_size`` B, intra_threads = the thread count.
 
-Each round runs the systems in a shuffled order; the median over rounds is printed, with the
-CPU's model name and flags. CTranslate2 is a benchmark-only dependency:
-``pip install -e '.[bench]'``.
+Every timing runs in a process of its own that loads only its system (CTranslate2's without
+torch), decodes once to warm up, then once timed: in one process the idle threads of one
+runtime's pool (torch's OpenMP, CTranslate2's) spin on the cores the other needs, which made
+every system slower with 2 threads than with 1 (docs/benchmarks.md, 2026-11-25). Each round
+runs the systems in a shuffled order; the median over rounds is printed, with the CPU's model
+name and flags. CTranslate2 is a benchmark-only dependency: ``pip install -e '.[bench]'``.
 
     python scripts/bench_transformer.py --path CHECKPOINT --data DATA_BIN \\
         --sentences 256 --batch-sizes 1 64 --threads 1 2
@@ -22,28 +25,18 @@ CPU's model name and flags. CTranslate2 is a benchmark-only dependency:
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import sacrebleu
-import torch
-from bench_generate import cpu_description
-from fairseq import checkpoint_utils
-from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-
-import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
-from beamplugin import SequenceGenerator
-from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from typing import Any
 
 BEAM, MAX_LEN_B = 5, 200
-Decode = Callable[[list[torch.Tensor], int], list[list[int]]]
+SYSTEMS = ["fairseq", "ours", "ours int8", "ct2 float32", "ct2 int8"]
 
 
 def checkpoint_parser(description: str) -> argparse.ArgumentParser:
@@ -63,11 +56,82 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--batch-1-sentences", type=int, default=60,
                         help="sentences timed at batch size 1 (it is slow for fairseq)")
+    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
-def fairseq_decode(generator: object, model: torch.nn.Module, pad: int) -> Decode:
-    def decode(sources: list[torch.Tensor], batch: int) -> list[list[int]]:
+def ct2_model(path: str, data: str, quantization: str | None, workdir: Path) -> Path:
+    out = workdir / f"ct2-{quantization or 'float32'}"
+    # ct2-fairseq-converter, after beamplugin made fairseq's checkpoint loading work under
+    # torch's weights_only unpickler (and registered the task the checkpoint may name)
+    convert = "import sys, beamplugin; from ctranslate2.converters.fairseq import main; main()"
+    command = [sys.executable, "-c", convert, "--model_path", path, "--data_dir", data,
+               "--output_dir", str(out)]
+    if quantization:
+        command += ["--quantization", quantization]
+    subprocess.run(command, check=True, capture_output=True)
+    return out
+
+
+# ---- a worker: one system, one thread count, one batch size, one timed decode ----------------
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Decode the job's sentences twice with ``args.worker``, print the second's seconds and
+    its best hypotheses (token ids for fairseq and ours, words for CTranslate2) as JSON."""
+    job = json.loads(Path(args.job).read_text(encoding="utf-8"))
+    if args.worker.startswith("ct2"):
+        decode = ct2_decoder(job, args.worker.split()[1], job["threads"])
+    else:
+        decode = torch_decoder(args, job)
+    decode()
+    start = time.perf_counter()
+    best = decode()
+    print(json.dumps({"seconds": time.perf_counter() - start, "best": best}))
+
+
+def ct2_decoder(job: dict[str, Any], compute_type: str, threads: int) -> Any:
+    import ctranslate2  # the only runtime in this process
+
+    translator = ctranslate2.Translator(
+        job["ct2"][compute_type], device="cpu", compute_type=compute_type,
+        intra_threads=threads, inter_threads=1,
+    )  # fmt: skip
+
+    def decode() -> list[list[str]]:
+        results = translator.translate_batch(
+            job["words"], beam_size=BEAM, max_batch_size=job["batch"], length_penalty=1.0,
+            max_decoding_length=MAX_LEN_B, return_scores=False,
+        )  # fmt: skip
+        return [r.hypotheses[0] for r in results]
+
+    return decode
+
+
+def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
+    import torch
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+
+    import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
+    from beamplugin import SequenceGenerator
+    from beamplugin.fairseq_plugin.precision import cast_for_decoding
+
+    torch.set_num_threads(job["threads"])
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [args.path], arg_overrides={"data": args.data}
+    )
+    model = models[0].eval()
+    if args.worker == "ours int8":
+        cast_for_decoding([model], "int8")
+    options = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
+    kind = FairseqGenerator if args.worker == "fairseq" else SequenceGenerator
+    generator = kind([model], task.target_dictionary, **options)
+    pad, batch = task.source_dictionary.pad(), job["batch"]
+    sources = [torch.tensor(s) for s in job["sources"]]
+
+    def decode() -> list[list[int]]:
         best = []
         for first in range(0, len(sources), batch):
             group = sources[first : first + batch]
@@ -85,102 +149,81 @@ def fairseq_decode(generator: object, model: torch.nn.Module, pad: int) -> Decod
     return decode
 
 
-def ct2_model(path: str, data: str, quantization: str | None, workdir: Path) -> Path:
-    out = workdir / f"ct2-{quantization or 'float32'}"
-    # ct2-fairseq-converter, after beamplugin made fairseq's checkpoint loading work under
-    # torch's weights_only unpickler (and registered the task the checkpoint may name)
-    convert = "import sys, beamplugin; from ctranslate2.converters.fairseq import main; main()"
-    command = [sys.executable, "-c", convert, "--model_path", path, "--data_dir", data,
-               "--output_dir", str(out)]
-    if quantization:
-        command += ["--quantization", quantization]
-    subprocess.run(command, check=True, capture_output=True)
-    return out
-
-
-def ct2_decode(model_dir: Path, compute_type: str, threads: int, dictionary: object) -> Decode:
-    import ctranslate2
-
-    translator = ctranslate2.Translator(
-        str(model_dir), device="cpu", compute_type=compute_type, intra_threads=threads,
-        inter_threads=1,
-    )  # fmt: skip
-    eos = dictionary.eos()
-
-    def decode(sources: list[torch.Tensor], batch: int) -> list[list[int]]:
-        words = [[dictionary[t] for t in s.tolist() if t != eos] for s in sources]
-        results = translator.translate_batch(
-            words, beam_size=BEAM, max_batch_size=batch, length_penalty=1.0,
-            max_decoding_length=MAX_LEN_B, return_scores=False,
-        )  # fmt: skip
-        return [[dictionary.index(w) for w in r.hypotheses[0]] + [eos] for r in results]
-
-    return decode
+# ---- the run: workers in turns, the table ------------------------------------------------------
 
 
 def main() -> None:
     args = parse_args()
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+    if args.worker:
+        worker(args)
+        return
+    import torch
+    from bench_generate import cpu_description
+    from fairseq import checkpoint_utils
+
+    import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
+
+    _, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [args.path], arg_overrides={"data": args.data}
     )
-    model = models[0].eval()
-    int8_model = copy.deepcopy(model)
-    cast_for_decoding([int8_model], "int8")
-    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    dictionary, eos = task.target_dictionary, task.target_dictionary.eos()
     task.load_dataset(args.gen_subset)
     dataset = task.dataset(args.gen_subset)
-    count = min(args.sentences, len(dataset))
-    items = [dataset[i] for i in range(count)]
-    items.sort(key=lambda item: len(item["source"]))
-    sources = [item["source"] for item in items]
-    references = [tgt_dict.string(item["target"], "sentencepiece") for item in items]
-    options = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
-    systems: dict[str, Callable[[int], Decode]] = {
-        "fairseq": lambda t: fairseq_decode(
-            FairseqGenerator([model], tgt_dict, **options), model, src_dict.pad()
-        ),
-        "ours": lambda t: fairseq_decode(
-            SequenceGenerator([model], tgt_dict, **options), model, src_dict.pad()
-        ),
-        "ours int8": lambda t: fairseq_decode(
-            SequenceGenerator([int8_model], tgt_dict, **options), int8_model, src_dict.pad()
-        ),
-    }
+    items = sorted((dataset[i] for i in range(min(args.sentences, len(dataset)))),
+                   key=lambda item: len(item["source"]))
+    sources = [item["source"].tolist() for item in items]
+    references = [dictionary.string(item["target"], "sentencepiece") for item in items]
     workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
+    systems = SYSTEMS[:3]
+    ct2: dict[str, str] = {}
     try:
         import ctranslate2  # noqa: F401
 
-        float32_dir = ct2_model(args.path, args.data, None, workdir)
-        int8_dir = ct2_model(args.path, args.data, "int8", workdir)
-        systems["ct2 float32"] = lambda t: ct2_decode(float32_dir, "float32", t, tgt_dict)
-        systems["ct2 int8"] = lambda t: ct2_decode(int8_dir, "int8", t, tgt_dict)
+        ct2 = {kind: str(ct2_model(args.path, args.data, None if kind == "float32" else kind,
+                                   workdir)) for kind in ("float32", "int8")}
+        systems = SYSTEMS
     except ImportError:
         print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
-    print(f"# {args.path}; beam {BEAM}; {cpu_description()}; torch {torch.__version__}")
+    print(f"# {args.path}; beam {BEAM}; {cpu_description()}; torch {torch.__version__}; "
+          "each timing in a process of its own")
     rng = random.Random(1)
     for threads in args.threads:
-        torch.set_num_threads(threads)
-        decoders = {name: make(threads) for name, make in systems.items()}
         for batch in args.batch_sizes:
-            subset = sources if batch > 1 else sources[: args.batch_1_sentences]
-            outputs = {name: decode(subset, batch) for name, decode in decoders.items()}  # warm
-            seconds: dict[str, list[float]] = {name: [] for name in decoders}
+            count = len(sources) if batch > 1 else min(args.batch_1_sentences, len(sources))
+            job = workdir / f"job-{threads}-{batch}.json"
+            job.write_text(json.dumps({
+                "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
+                "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
+            }), encoding="utf-8")  # fmt: skip
+            seconds: dict[str, list[float]] = {name: [] for name in systems}
+            outputs: dict[str, list[list[int]]] = {}
             for _ in range(args.repeats):
-                order = list(decoders)
-                rng.shuffle(order)
-                for name in order:
-                    start = time.perf_counter()
-                    decoders[name](subset, batch)
-                    seconds[name].append(time.perf_counter() - start)
-            report(threads, batch, subset, seconds, outputs, references, tgt_dict)
+                for name in rng.sample(systems, len(systems)):
+                    result = run_worker(args, name, job)
+                    seconds[name].append(result["seconds"])
+                    outputs[name] = (
+                        [[dictionary.index(w) for w in h] + [eos] for h in result["best"]]
+                        if name.startswith("ct2") else result["best"]
+                    )
+            report(threads, batch, count, seconds, outputs, references, dictionary)
 
 
-def report(threads: int, batch: int, subset: list, seconds: dict, outputs: dict,
-           references: list[str], dictionary: object) -> None:
+def run_worker(args: argparse.Namespace, name: str, job: Path) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--path", args.path, "--data", args.data,
+               "--worker", name, "--job", str(job)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def report(threads: int, batch: int, count: int, seconds: dict, outputs: dict,
+           references: list[str], dictionary: Any) -> None:
+    import sacrebleu
+    import torch
+
     median = {name: statistics.median(s) for name, s in seconds.items()}
     base = median["fairseq"]
     ct2, ct2_int8 = median.get("ct2 float32"), median.get("ct2 int8")
-    print(f"\n## {threads} thread(s), batch {batch}: {len(subset)} sentences, "
+    print(f"\n## {threads} thread(s), batch {batch}: {count} sentences, "
           f"median of {len(next(iter(seconds.values())))} rounds")
     for name, time_taken in median.items():
         same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"], strict=True))
@@ -190,8 +233,8 @@ def report(threads: int, batch: int, subset: list, seconds: dict, outputs: dict,
             f"  x{ct2 / time_taken:5.2f} ct2 float32  x{ct2_int8 / time_taken:5.2f} ct2 int8"
             if ct2 and ct2_int8 else ""
         )
-        print(f"{name:12s} {len(subset) / time_taken:7.1f} sent/s  x{base / time_taken:5.2f} "
-              f"fairseq{against_ct2}  same best as fairseq {same}/{len(subset)}  "
+        print(f"{name:12s} {count / time_taken:7.1f} sent/s  x{base / time_taken:5.2f} "
+              f"fairseq{against_ct2}  same best as fairseq {same}/{count}  "
               f"BLEU {bleu:5.2f}")
 
 
