@@ -1,4 +1,6 @@
-"""Layers of the ConvS2S model (kept outside beamplugin/models, which fairseq auto-imports)."""
+"""Layers the models are built from: ConvS2S's, the memory pool of sentences in flight, a
+transformer decoder's self-attention history (kept outside beamplugin/models, which fairseq
+auto-imports)."""
 
 from beamplugin.modules.attention import (
     ConvAttention,
