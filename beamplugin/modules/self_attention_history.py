@@ -30,6 +30,7 @@ class SelfAttentionHistory:
 
     def __init__(self, layers: int, heads: int, head_dim: int) -> None:
         self.layers, self.heads, self.head_dim = layers, heads, head_dim
+        self.least = least_width(head_dim)  # the fewest columns a step reads
         self.buffers = BufferPool()
 
     def advance(self, state: State, rows: int, steps: int, like: Tensor) -> Tensor:
@@ -42,7 +43,7 @@ class SelfAttentionHistory:
         (masked where they are not a row's own: 0 x NaN would not be 0), so that nothing is
         cleared or allocated until the rows or the width outgrow them."""
         old, order = state.get("history"), state.pop("order", None)
-        width = max(lane_width(steps), least_width(self.head_dim))
+        width = max(lane_width(steps), self.least)
         lease = state.get("lease")
         if lease is None:
             lease = state["lease"] = self.buffers.lease()
