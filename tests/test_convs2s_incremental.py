@@ -14,7 +14,7 @@ from toy_sources import left_padded_sources
 
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import parse_attention_spec, parse_layer_spec
-from beamplugin.modules.linear import uses_onednn
+from beamplugin.modules.linear import uses_packed_products
 
 # (encoder layers, decoder layers, decoder attention): widths 1..5, channel changes (residual
 # projections), residual distances 0 and 2, layers without attention.
@@ -99,7 +99,7 @@ def test_incremental_equals_full_forward_with_the_onednn_output_projection():
     src = left_padded_sources(dictionary, [SRC_LEN, 4, 6])
     prev = target_prefixes(dictionary, 3, TGT_LEN)
     with torch.no_grad():
-        assert uses_onednn(prev.float(), model.decoder.fc3.weight)
+        assert uses_packed_products(prev.float(), model.decoder.fc3.weight)
         full_logits, _ = model(src, None, prev)
         logits, _ = decode_steps(model, prev, model.encoder(src), {}, 1, TGT_LEN)
     assert_close(logits, full_logits, 1e-5)

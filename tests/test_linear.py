@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from beamplugin.modules import linear as linear_module
-from beamplugin.modules.linear import Linear, linear, pack_weight, uses_onednn
+from beamplugin.modules.linear import Linear, linear, pack_weight, uses_packed_products
 from beamplugin.modules.weight_norm import WeightNormLinear
 
 needs_onednn = pytest.mark.skipif(
@@ -33,7 +33,7 @@ def test_onednn_product_equals_f_linear_up_to_rounding(rows):
     weight, bias = large_weight()
     x = torch.randn(rows, 1, 256)
     with torch.no_grad():
-        assert uses_onednn(x, weight)
+        assert uses_packed_products(x, weight)
         out = linear(x, weight, bias)
     expected = F.linear(x.double(), weight.double(), bias.double())
     assert out.shape == (rows, 1, weight.size(0)) and out.dtype == torch.float32
@@ -46,9 +46,9 @@ def test_f_linear_only_where_onednn_cannot_serve():
     x = torch.randn(3, 256)
     small = torch.randn(256, 256)
     with torch.no_grad():
-        assert uses_onednn(x, small)  # an attention projection too: same bits for any rows
-        assert not uses_onednn(x.double(), weight.double())
-    assert not uses_onednn(x, weight)  # autograd records: oneDNN has no backward
+        assert uses_packed_products(x, small)  # an attention projection too: same bits for any rows
+        assert not uses_packed_products(x.double(), weight.double())
+    assert not uses_packed_products(x, weight)  # autograd records: oneDNN has no backward
 
 
 def test_gradients_flow_through_the_training_path():
@@ -80,7 +80,7 @@ def test_packed_weight_gives_the_same_bits_whatever_the_rows(rows, shape, dtype)
     packed = pack_weight(weight)
     x = torch.randn(320, shape[1]).to(dtype)
     with torch.no_grad():
-        assert uses_onednn(x, weight)
+        assert uses_packed_products(x, weight)
         everything = linear(x, weight, bias, lambda: packed)
         alone = linear(x[:rows], weight, bias, lambda: packed)
         plain = linear(x[:rows], weight, bias)

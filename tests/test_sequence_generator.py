@@ -19,7 +19,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.modules import MemoryPool
-from beamplugin.modules.linear import uses_onednn
+from beamplugin.modules.linear import uses_packed_products
 
 # the models are builders.py's; the fixtures vocab, models and one_thread conftest.py's
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,7 +96,7 @@ def test_large_vocabulary_equals_fairseq_and_is_batch_invariant(arch):
     with torch.no_grad():
         model.decoder.fc3.bias[big.eos()] += 2.5
         # our oneDNN path (convs2s takes it; fconv always uses F.linear)
-        assert uses_onednn(torch.zeros(1, 16), model.decoder.fc3.weight)
+        assert uses_packed_products(torch.zeros(1, 16), model.decoder.fc3.weight)
     sample = make_batch(big, 16, seed=16)
     options = dict(beam_size=5, max_len_b=12)
     ref = FairseqGenerator([model], big, **options).generate([model], sample)

@@ -1,13 +1,16 @@
-"""Matrix products of the model in inference: oneDNN's matmul on packed weights, on CPU.
+"""Matrix products of the model in inference, on packed weights, on CPU: float32 through our
+own kernel (beamplugin.runtime.float_products), half precisions through oneDNN's matmul.
 
 On CPU, ``F.linear`` runs float32 products through MKL, which on the AMD EPYC we measured is
 1.6-2.4 times slower than oneDNN's matmul from 5 rows up, at every shape of these models
 (``python scripts/bench_linear.py``; docs/speed.md), and picks other kernels for 1 to 3 rows, so
-a row's result would depend on how many rows share its product. Every inference product
-therefore takes oneDNN's: its results differ from ``F.linear`` only in rounding (about 1e-6
-relative), and a row gets the same bits whatever rows are beside it, which makes a sentence
-decode bit for bit the same alone or batched. Training keeps ``F.linear``: the oneDNN op has no
-autograd formula.
+a row's result would depend on how many rows share its product. oneDNN's matmul in turn costs
+about 12 us a call whatever its size, most of a decoder step's product at a few rows; our
+kernel is called in about 1 us and is as fast as oneDNN from about 40 rows. Both give a row the
+same bits whatever rows are beside it, which makes a sentence decode bit for bit the same alone
+or batched, and differ from ``F.linear`` only in rounding (about 1e-6 relative). Where our kernel
+cannot be built (no C compiler), float32 takes oneDNN's matmul too. Training keeps
+``F.linear``: neither has an autograd formula.
 
 Given a plain weight, oneDNN lays it out in its blocked format on every product: a read and a
 write of the whole weight on top of the product's own read. Modules keep a packed copy instead
@@ -25,6 +28,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from beamplugin.runtime import float_products
+from beamplugin.runtime.float_products import Panels
 
 
 def native_on_cpu(dtype: torch.dtype) -> bool:
@@ -134,12 +140,24 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
     return out.view(*x.shape[:-1], weight.values.size(0))
 
 
-def uses_onednn(x: Tensor, weight: Tensor) -> bool:
+PackedWeight = Panels | Tensor  # our kernel's panels, or oneDNN's layout
+
+
+@functools.cache
+def packed_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes whose products run on packed weights: float32 where our kernel is built (it
+    is compiled on first use), and :data:`ONEDNN_DTYPES`."""
+    ours = {torch.float32} if float_products.available() else set()
+    return ONEDNN_DTYPES | ours
+
+
+def uses_packed_products(x: Tensor, weight: Tensor) -> bool:
+    """Whether ``x @ weight.T`` runs on a packed weight: in inference, on CPU, float32 (our
+    kernel, or oneDNN's without it) or a half precision this CPU multiplies (oneDNN's)."""
     return (
-        _onednn_linear is not None
-        and x.device.type == "cpu"
+        x.device.type == "cpu"
         and x.dtype == weight.dtype
-        and weight.dtype in ONEDNN_DTYPES
+        and weight.dtype in packed_dtypes()
         and not torch.is_grad_enabled()
     )
 
@@ -148,58 +166,75 @@ def linear(
     x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
-    packed: Callable[[], Tensor | None] | None = None,
+    packed: Callable[[], PackedWeight | None] | None = None,
 ) -> Tensor:
-    """``F.linear(x, weight, bias)``, through oneDNN in inference on CPU (see module doc).
-    ``packed``, if given, returns :func:`pack_weight` of ``weight``; it is only called on the
-    oneDNN path (a cache lookup or a packing that the other path does not need)."""
-    if not uses_onednn(x, weight):
+    """``F.linear(x, weight, bias)``, on a packed weight in inference on CPU (see module doc).
+    ``packed``, if given, returns :func:`pack_weight` of ``weight``; it is only called on that
+    path (a cache lookup or a packing that the other path does not need)."""
+    if not uses_packed_products(x, weight):
         return F.linear(x, weight, bias)
-    layout = packed() if packed is not None else None
-    out = _onednn_linear(
-        x.reshape(-1, x.size(-1)), weight if layout is None else layout, bias, "none", [], ""
-    )
+    layout = packed() if packed is not None else pack_weight(weight)
+    # oneDNN also takes a plain weight (and lays it out at each call)
+    out = packed_product(x.reshape(-1, x.size(-1)), weight if layout is None else layout, bias)
     return out.view(*x.shape[:-1], weight.size(0))
 
 
-def pack_weight(weight: Tensor) -> Tensor | None:
-    """``weight`` in oneDNN's own layout for :func:`linear` (None where torch has no packing)."""
+def pack_weight(weight: Tensor) -> PackedWeight | None:
+    """``weight`` laid out for :func:`packed_product`: our kernel's panels for float32 where it
+    is built, else oneDNN's layout (None where torch has no packing)."""
+    if weight.dtype == torch.float32 and float_products.available():
+        return float_products.pack(weight)
     return None if _onednn_pack is None else _onednn_pack(weight, None)
+
+
+def packed_product(
+    x: Tensor,
+    packed: PackedWeight,
+    bias: Tensor | None,
+    relu: bool = False,
+    residual: Tensor | None = None,
+) -> Tensor:
+    """``x @ W.T + bias`` (``x`` 2-D) on :func:`pack_weight`'s ``W``, then ``relu`` or plus
+    ``residual``, in one call."""
+    if isinstance(packed, Panels):
+        return float_products.product(x, packed, bias, residual, relu)
+    if residual is not None:
+        return _onednn_linear_binary(x, residual, packed, bias, "add")
+    return _onednn_linear(x, packed, bias, "relu" if relu else "none", [], "")
 
 
 class PreparedLinear(NamedTuple):
     """A product's weight made ready once for inference (:func:`prepare_linear`): the plain
-    weight and bias, oneDNN's packing of the weight whatever its size, or int8 values where int8
+    weight and bias, its :func:`pack_weight` whatever its size, or int8 values where int8
     products are on for a weight this large. Inputs are 2-D, ``[rows, in]``.
 
-    Through oneDNN's packed weight each row's result has the same bits whatever the number of
-    rows (MKL's ``F.linear`` takes other kernels for 1 to 3 rows), so a sentence decodes the same
-    alone or batched; for a single 256 x 256 projection at a few rows MKL would be a little
-    faster (docs/speed.md)."""
+    On the packed weight each row's result has the same bits whatever the number of rows
+    (MKL's ``F.linear`` takes other kernels for 1 to 3 rows), so a sentence decodes the same
+    alone or batched."""
 
     weight: Tensor
     bias: Tensor | None
-    packed: Tensor | None
+    packed: PackedWeight | None
     int8: Int8Weight | None
 
     def __call__(self, x: Tensor) -> Tensor:
-        if self._on_onednn(x):
-            return _onednn_linear(x, self.packed, self.bias, "none", [], "")
+        if self._on_packed(x):
+            return packed_product(x, self.packed, self.bias)
         return self._unfused(x)
 
     def relu(self, x: Tensor) -> Tensor:
-        """``relu(self(x))``, the relu fused into oneDNN's product (same bits)."""
-        if self._on_onednn(x):
-            return _onednn_linear(x, self.packed, self.bias, "relu", [], "")
+        """``relu(self(x))``, the relu in the product's call (same bits)."""
+        if self._on_packed(x):
+            return packed_product(x, self.packed, self.bias, relu=True)
         return self._unfused(x).relu_()
 
     def plus(self, x: Tensor, other: Tensor) -> Tensor:
-        """``self(x) + other`` (a residual), the sum fused into oneDNN's product (same bits)."""
-        if self._on_onednn(x):
-            return _onednn_linear_binary(x, other, self.packed, self.bias, "add")
+        """``self(x) + other`` (a residual), the sum in the product's call (same bits)."""
+        if self._on_packed(x):
+            return packed_product(x, self.packed, self.bias, residual=other)
         return self._unfused(x).add_(other)
 
-    def _on_onednn(self, x: Tensor) -> bool:
+    def _on_packed(self, x: Tensor) -> bool:
         """Whether ``x`` (2-D) goes through the packed weight (no int8, same dtype, inference)."""
         return (
             self.packed is not None
@@ -221,8 +256,8 @@ def prepare_linear(weight: Tensor, bias: Tensor | None, int8: bool = False) -> P
     bias = None if bias is None else bias.detach()
     if int8 and weight.numel() >= INT8_MIN_WEIGHTS:
         return PreparedLinear(weight, bias, None, pack_int8(weight, bias))
-    on_onednn = weight.device.type == "cpu" and weight.dtype in ONEDNN_DTYPES
-    return PreparedLinear(weight, bias, pack_weight(weight) if on_onednn else None, None)
+    on_packed = weight.device.type == "cpu" and weight.dtype in packed_dtypes()
+    return PreparedLinear(weight, bias, pack_weight(weight) if on_packed else None, None)
 
 
 class InferenceCache(nn.Module):

@@ -1,0 +1,106 @@
+"""Float32 matrix products on the CPU through our own kernel (``native/products.c``).
+
+At a decoder step's few rows torch's products cost mostly their call: oneDNN's matmul takes
+about 12 us for any product, even 16 x 16, so a 3-layer transformer's 19 products a step spend
+some 0.2 ms in calls alone (MKL and OpenBLAS have less overhead but run 2-4 times slower here).
+This kernel is called through ctypes in about 1 us, reads each weight once from panels laid out
+for it, and as fast as oneDNN from about 40 rows (docs/speed.md). Each output element is summed
+in order over the inner dimension, so a row's result has the same bits whatever rows are beside
+it and whatever the number of threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from beamplugin.runtime import native_library
+
+PANEL = 32  # output features a panel holds (products.c's NR)
+# Below this many multiply-adds a product runs on one thread: starting the others costs more.
+PARALLEL_WORK = 1 << 20
+
+
+class Panels(NamedTuple):
+    """A weight ``[out, in]`` packed for :func:`product`: ``[ceil(out / 32), in, 32]``."""
+
+    values: Tensor
+    out_features: int
+
+
+@functools.cache
+def _kernel() -> Callable[..., Any] | None:
+    """products.c's ``products``, loaded once a process (None where it cannot be built)."""
+    library = native_library.load("products")
+    if library is None:
+        return None
+    kernel = library.products
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    kernel.argtypes = [
+        *(pointer, size, pointer, pointer, pointer, size, pointer, size),
+        *(size, size, size, ctypes.c_int, ctypes.c_int),
+    ]
+    kernel.restype = None
+    return kernel
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded here (see beamplugin.runtime.native_library)."""
+    return _kernel() is not None
+
+
+def pack(weight: Tensor) -> Panels:
+    """``weight`` (float32, ``[out, in]``) laid out in panels for :func:`product`."""
+    out_features, in_features = weight.shape
+    count = -(-out_features // PANEL)
+    padded = weight.new_zeros(count * PANEL, in_features)
+    padded[:out_features] = weight
+    values = padded.view(count, PANEL, in_features).transpose(1, 2).contiguous()
+    return Panels(values, out_features)
+
+
+def product(
+    x: Tensor,
+    weight: Panels,
+    bias: Tensor | None,
+    residual: Tensor | None = None,
+    relu: bool = False,
+) -> Tensor:
+    """``x @ W.T + bias`` for ``x`` ``[rows, in]`` (float32, on CPU), then ``relu`` or plus
+    ``residual`` ``[rows, out]``, as one call."""
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("native products are unavailable")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, inner = x.shape
+    out = weight.out_features
+    if weight.values.size(1) != inner:
+        raise ValueError(f"input has {inner} features, the weight takes {weight.values.size(1)}")
+    y = x.new_empty((rows, out))  # a tensor subclass of x carries over, as through torch ops
+    if residual is not None and residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    threads = torch.get_num_threads() if rows * out * inner >= PARALLEL_WORK else 1
+    kernel(
+        x.data_ptr(),
+        x.stride(0),
+        weight.values.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        y.data_ptr(),
+        out,
+        rows,
+        out,
+        inner,
+        int(relu),
+        threads,
+    )
+    return y

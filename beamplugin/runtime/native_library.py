@@ -1,0 +1,104 @@
+"""C code of ours compiled on the machine that runs it, for its CPU, and loaded with ctypes.
+
+A source in ``beamplugin/runtime/native/`` is compiled once per source, compiler, flags and CPU
+(``-march=native``: AVX-512 where the CPU has it, AVX2 where not) into a cache folder, then
+loaded from there by every later process. No build step at install time and no Python or torch
+headers: a C compiler is all it needs, and it takes well under a second. Without one, or with
+``BEAMPLUGIN_NATIVE=0``, :func:`load` says why in the log and returns None, and callers keep
+torch's own kernels. Why not ``torch.utils.cpp_extension`` or cffi: docs/dependencies.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SOURCES = Path(__file__).parent / "native"
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared")
+DISABLE = "BEAMPLUGIN_NATIVE"  # "0": do not compile or load native code
+CACHE = "BEAMPLUGIN_CACHE"  # where compiled libraries are kept (default ~/.cache/beamplugin)
+
+
+def cache_folder() -> Path:
+    if os.environ.get(CACHE):
+        return Path(os.environ[CACHE])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "beamplugin"
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as /proc/cpuinfo lists them ('' where there is no such file)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The library built from ``native/<name>.c`` for this CPU, or None (logged once) where
+    it cannot be built here."""
+    return _load(name, os.environ.get(DISABLE, "1") != "0", os.environ.get("CC", "cc"))
+
+
+@functools.cache
+def _load(name: str, enabled: bool, compiler: str) -> ctypes.CDLL | None:
+    if not enabled:
+        logger.info("native kernels off (%s=0): torch's kernels instead", DISABLE)
+        return None
+    source = SOURCES / f"{name}.c"
+    try:
+        library = _built(source, compiler)
+        return ctypes.CDLL(str(library))
+    except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+        logger.warning("native kernels unavailable (%s): torch's kernels instead", error)
+        return None
+
+
+def _built(source: Path, compiler: str) -> Path:
+    """``source`` compiled into the cache folder, unless it is there already."""
+    path = shutil.which(compiler)
+    if path is None:
+        raise RuntimeError(f"no C compiler {compiler!r} on PATH")
+    version = subprocess.run(
+        [path, "--version"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), path.encode(), version.encode(), " ".join(FLAGS).encode()):
+        key.update(part)
+    key.update(cpu_flags().encode())
+    folder = cache_folder()
+    library = folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    # built under a temporary name and renamed: processes building at once never load half a file
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(handle)
+    try:
+        done = subprocess.run(
+            [path, *FLAGS, "-o", partial, str(source)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    logger.info("compiled %s for this CPU into %s", source.name, library)
+    return library

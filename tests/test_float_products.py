@@ -1,0 +1,148 @@
+"""Our float32 product kernel (beamplugin/runtime/native/products.c): built here for this CPU,
+the products of F.linear up to rounding, a row's bits independent of the rows beside it and of
+the threads, its relu and residual as the unfused operations give them; and torch's kernels
+where it cannot be built."""
+
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from beamplugin.modules import linear as linear_module
+from beamplugin.runtime import float_products, native_library
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler on this machine"
+)
+
+# (out, in): an output projection not a multiple of the 32-wide panels, attention and
+# feed-forward shapes, a convolution's frame windows, and odd sizes
+SHAPES = [(1032, 256), (256, 256), (1024, 256), (256, 1024), (512, 768), (37, 100), (1, 3)]
+
+
+def weights(shape: tuple[int, int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    return torch.randn(shape) * 0.1, torch.randn(shape[0])
+
+
+@needs_compiler
+def test_the_kernel_is_built_and_taken_for_float32():
+    assert float_products.available()
+    assert torch.float32 in linear_module.packed_dtypes()
+    assert isinstance(linear_module.pack_weight(torch.randn(40, 8)), float_products.Panels)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_products_equal_f_linear_up_to_rounding(shape):
+    weight, bias = weights(shape)
+    packed = float_products.pack(weight)
+    for rows in (1, 5, 37, 320):
+        x = torch.randn(rows, shape[1])
+        out = float_products.product(x, packed, bias)
+        expected = F.linear(x.double(), weight.double(), bias.double())
+        assert out.shape == (rows, shape[0]) and out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    no_bias = float_products.product(x, packed, None)
+    torch.testing.assert_close(no_bias.double(), expected - bias.double(), rtol=1e-5, atol=1e-5)
+
+
+@needs_compiler
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=str)
+def test_a_rows_bits_do_not_depend_on_the_rows_beside_it_or_the_threads(shape):
+    weight, bias = weights(shape, seed=1)
+    packed = float_products.pack(weight)
+    x = torch.randn(320, shape[1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        everything = float_products.product(x, packed, bias)
+        torch.set_num_threads(2)
+        assert torch.equal(float_products.product(x, packed, bias), everything)
+        for rows in [*range(1, 18), 40, 321 - 1]:
+            assert torch.equal(float_products.product(x[:rows], packed, bias), everything[:rows])
+        # and from the middle of a batch
+        assert torch.equal(float_products.product(x[7:12], packed, bias), everything[7:12])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_relu_and_residual_are_the_unfused_operations_bit_for_bit():
+    weight, bias = weights((1032, 256), seed=2)
+    packed = float_products.pack(weight)
+    x, residual = torch.randn(13, 256), torch.randn(13, 1032)
+    plain = float_products.product(x, packed, bias)
+    assert torch.equal(float_products.product(x, packed, bias, relu=True), plain.relu())
+    assert torch.equal(float_products.product(x, packed, bias, residual=residual), plain + residual)
+    assert (plain < 0).any()  # the relu had something to do
+
+
+@needs_compiler
+def test_strided_inputs_and_a_wrong_width():
+    weight, bias = weights((64, 48), seed=3)
+    packed = float_products.pack(weight)
+    wide = torch.randn(9, 100)
+    x = wide[:, 10:58]  # rows 100 floats apart
+    residual = torch.randn(64, 9).t()  # columns contiguous: copied first
+    out = float_products.product(x, packed, bias, residual=residual)
+    assert torch.equal(out, float_products.product(x.contiguous(), packed, bias) + residual)
+    with pytest.raises(ValueError, match="48"):
+        float_products.product(torch.randn(3, 47), packed, bias)
+
+
+@needs_compiler
+def test_the_library_is_compiled_once_into_the_cache(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(native_library.CACHE, str(tmp_path))
+    native_library._load.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger=native_library.__name__):
+            assert native_library.load("products") is not None
+        built = list(tmp_path.glob("products-*.so"))
+        assert len(built) == 1 and "compiled products.c" in caplog.text
+        stamp = built[0].stat().st_mtime_ns
+        native_library._load.cache_clear()
+        assert native_library.load("products") is not None  # a new process: loaded, not built
+        assert built[0].stat().st_mtime_ns == stamp and len(list(tmp_path.iterdir())) == 1
+    finally:
+        native_library._load.cache_clear()
+
+
+@pytest.mark.parametrize("how", ["switched off", "no compiler", "compiler fails"])
+def test_without_the_kernel_products_take_torchs(how, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(native_library.CACHE, str(tmp_path))
+    if how == "switched off":
+        monkeypatch.setenv(native_library.DISABLE, "0")
+    elif how == "no compiler":
+        monkeypatch.setenv("CC", "no-such-compiler")
+    else:
+        fails = tmp_path / "cc"
+        fails.write_text(
+            "#!/bin/sh\n[ \"$1\" = --version ] && echo 'cc 1.0' && exit 0\n"
+            "echo 'cc: fatal error: out of luck' >&2\nexit 1\n"
+        )
+        fails.chmod(0o755)
+        monkeypatch.setenv("CC", str(fails))
+    for cached in (native_library._load, float_products._kernel, linear_module.packed_dtypes):
+        cached.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger=native_library.__name__):
+            assert not float_products.available()
+        expected = {"switched off": "BEAMPLUGIN_NATIVE=0", "no compiler": "no C compiler",
+                    "compiler fails": "out of luck"}[how]  # fmt: skip
+        assert expected in caplog.text
+        weight, bias = weights((1032, 256), seed=4)
+        packed = linear_module.pack_weight(weight)
+        assert not isinstance(packed, float_products.Panels)
+        x = torch.randn(5, 256)
+        with torch.no_grad():
+            out = linear_module.linear(x, weight, bias, lambda: packed)
+        torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+        with pytest.raises(RuntimeError, match="unavailable"):
+            float_products.product(x, float_products.pack(weight), bias)
+    finally:
+        for cached in (native_library._load, float_products._kernel, linear_module.packed_dtypes):
+            cached.cache_clear()
