@@ -32,7 +32,10 @@ setup(
     description=__doc__,
     packages=find_packages(include=["beamplugin", "beamplugin.*"]),
     python_requires=">=3.11",
-    package_data={"beamplugin.serving": ["page.html", "docs.html"]},
+    package_data={
+        "beamplugin.serving": ["page.html", "docs.html"],
+        "beamplugin.runtime": ["native/*.c"],  # compiled on first use (runtime/native_library.py)
+    },
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "dev": [
