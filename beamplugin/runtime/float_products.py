@@ -22,8 +22,10 @@ from torch import Tensor
 from beamplugin.runtime import native_library
 
 PANEL = 32  # output features a panel holds (products.c's NR)
-# Below this many multiply-adds a product runs on one thread: starting the others costs more.
-PARALLEL_WORK = 1 << 20
+# Below this many multiply-adds a product runs on one thread: starting the others costs more
+# (2 threads, AVX512 EPYC: 5 rows of 1024 x 256, 0.26M, 10.9 against 6.4 us; 5 x 256 x 256,
+# 0.33M, 5.2 against 4.5 us; docs/speed.md).
+PARALLEL_WORK = 1 << 17
 
 
 class Panels(NamedTuple):
