@@ -1,5 +1,5 @@
 """Time F.linear (MKL on CPU) against oneDNN's matmul (given the plain weight or its packed one)
-and against our kernel on its panels (beamplugin/runtime/float_products.py), for the decoder's
+and against our kernel on its panels (beamplugin/kernels/float_products.py), for the decoder's
 product shapes.
 
 Backs the choice in beamplugin/modules/linear.py. Runs interleaved rounds and prints the median
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from bench_generate import cpu_description
 
+from beamplugin.kernels import float_products
 from beamplugin.modules import linear as linear_module
-from beamplugin.runtime import float_products
 
 # (out, in) features: vocabulary projections, a convs2s convolution, a transformer's attention
 # and feed-forward products

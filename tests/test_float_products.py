@@ -1,4 +1,4 @@
-"""Our float32 product kernel (beamplugin/runtime/native/products.c): built here for this CPU,
+"""Our float32 product kernel (beamplugin/kernels/native/products.c): built here for this CPU,
 the products of F.linear up to rounding, a row's bits independent of the rows beside it and of
 the threads, its relu and residual as the unfused operations give them; and torch's kernels
 where it cannot be built."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from beamplugin.kernels import float_products, native_library
 from beamplugin.modules import linear as linear_module
-from beamplugin.runtime import float_products, native_library
 
 needs_compiler = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler on this machine"

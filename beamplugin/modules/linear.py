@@ -1,5 +1,5 @@
 """Matrix products of the model in inference, on packed weights, on CPU: float32 through our
-own kernel (beamplugin.runtime.float_products), half precisions through oneDNN's matmul.
+own kernel (beamplugin.kernels.float_products), half precisions through oneDNN's matmul.
 
 On CPU, ``F.linear`` runs float32 products through MKL, which on the AMD EPYC we measured is
 1.6-2.4 times slower than oneDNN's matmul from 5 rows up, at every shape of these models
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.runtime import float_products
-from beamplugin.runtime.float_products import Panels
+from beamplugin.kernels import float_products
+from beamplugin.kernels.float_products import Panels
 
 
 def native_on_cpu(dtype: torch.dtype) -> bool:

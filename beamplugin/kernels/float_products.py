@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.runtime import native_library
+from beamplugin.kernels import native_library
 
 PANEL = 32  # output features a panel holds (products.c's NR)
 # Below this many multiply-adds a product runs on one thread: starting the others costs more
@@ -52,7 +52,7 @@ def _kernel() -> Callable[..., Any] | None:
 
 
 def available() -> bool:
-    """Whether the kernel is built and loaded here (see beamplugin.runtime.native_library)."""
+    """Whether the kernel is built and loaded here (see beamplugin.kernels.native_library)."""
     return _kernel() is not None
 
 

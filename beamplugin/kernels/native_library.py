@@ -1,6 +1,6 @@
 """C code of ours compiled on the machine that runs it, for its CPU, and loaded with ctypes.
 
-A source in ``beamplugin/runtime/native/`` is compiled once per source, compiler, flags and CPU
+A source in ``beamplugin/kernels/native/`` is compiled once per source, compiler, flags and CPU
 (``-march=native``: AVX-512 where the CPU has it, AVX2 where not) into a cache folder, then
 loaded from there by every later process. No build step at install time and no Python or torch
 headers: a C compiler is all it needs, and it takes well under a second. Without one, or with
