@@ -13,7 +13,9 @@ from fairseq.optim.nag import NAG
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
+from beamplugin.kernels import float_attention, float_products, native_library
 from beamplugin.models.mixed_step_transformer import MixedStepTransformer
+from beamplugin.modules import linear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,6 +51,36 @@ def test_each_variant_mixes_steps_with_fairseqs_results(vocab, sentences, varian
         out, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
         assert_same(alone_results, out)
         assert engine.refills > 0
+
+
+@pytest.fixture
+def torch_kernels_only(monkeypatch):
+    """Our kernels off (as without a C compiler): torch's, as on a GPU or in half precision."""
+    caches = (native_library._load, float_products._kernel, float_attention._kernels)
+    caches += (linear.packed_dtypes,)
+    monkeypatch.setenv(native_library.DISABLE, "0")
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    monkeypatch.undo()
+    for cache in caches:
+        cache.cache_clear()
+
+
+def test_torchs_operations_give_the_same_results(vocab, sentences, torch_kernels_only):
+    """The decoder's attention and products without our kernels, as a GPU, half precisions and
+    a machine without a C compiler run them."""
+    model = build_transformer(vocab, 1, eos_boost=3.0)
+    options = dict(beam_size=4, max_len_a=1.0, max_len_b=2)
+    gen = SequenceGenerator([model], vocab, **options)
+    with torch.no_grad():
+        assert not float_attention.serves(torch.zeros(1, 8))
+    sample = make_batch(vocab, 8, seed=3)
+    expected = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    assert_same(expected, gen.generate([model], sample))
+    out, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
+    assert_same([alone(gen, s) for s in sentences], out)
+    assert engine.refills > 0
 
 
 def test_a_variant_not_reproduced_decodes_batch_after_batch_and_says_why(

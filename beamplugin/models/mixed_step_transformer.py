@@ -9,8 +9,10 @@ sentence gets fairseq's scores.
 * The encoder output enters the decoder once per sentence, as every layer's cross-attention
   keys and values, kept in a memory pool of slots (beamplugin.modules.memory_pool); the beam
   rows of a sentence read its slot.
-* The decoder's products go through beamplugin.modules.linear, large weights on oneDNN's packed
-  copies (as convs2s's): scores equal fairseq's up to float rounding.
+* The decoder's products go through beamplugin.modules.linear, on packed weights (as
+  convs2s's), and a step's attention in float32 on the CPU through our kernel
+  (beamplugin.kernels.float_attention), one call per layer for each attention: scores equal
+  fairseq's up to float rounding.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fairseq.models.transformer import TransformerModelBase
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
+from beamplugin.kernels import float_attention
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
@@ -205,13 +208,14 @@ class MixedStepTransformerDecoder(nn.Module):
         history = self.history.advance(incremental_state, rows, steps, x)
         width = history.size(3)
         # -inf before each row's own steps (masked whether or not any is padding: no host sync)
-        own_bias = x.new_full((rows, 1, 1, width), -math.inf)
-        own_bias[:, :, :, width - steps :].masked_fill_(
-            tokens.ne(self.pad).view(rows, 1, 1, steps), 0.0
-        )
-        own_bias = own_bias.expand(rows, self.heads, 1, width).reshape(-1, 1, width)
+        own_bias = x.new_full((rows, width), -math.inf)
+        own_bias[:, width - steps :].masked_fill_(tokens.ne(self.pad), 0.0)
+        native = float_attention.serves(x)
+        if not native:  # torch's batched products take [rows x heads, 1, width]
+            own_bias = own_bias.view(rows, 1, 1, width).expand(rows, self.heads, 1, width)
+            own_bias = own_bias.reshape(-1, 1, width)
         groups = [
-            (memory, group_rows, _cross_bias(memory, group_rows, self.heads))
+            (memory, group_rows, None if native else _cross_bias(memory, group_rows, self.heads))
             for memory, group_rows in encoder_out["attention_groups"]
         ]
         attn = None
@@ -235,10 +239,12 @@ class MixedStepTransformerDecoder(nn.Module):
         x: Tensor,
         history: Tensor,
         own_bias: Tensor,
-        groups: list[tuple[Memory, int, Tensor]],
+        groups: list[tuple[Memory, int, Tensor | None]],
     ) -> tuple[Tensor, Tensor | None]:
         """fairseq's decoder layer ``index`` on ``x`` ``[rows, embed]``, and its
-        cross-attention weights if it is the alignment layer."""
+        cross-attention weights if it is the alignment layer. ``own_bias`` ``[rows, width]``
+        and the groups' biases None where our attention kernel serves ``x``; else the biases
+        torch's products take."""
         before = layer.normalize_before
         norm = layer.self_attn_layer_norm
         out = self._self_attention(
@@ -293,11 +299,15 @@ class MixedStepTransformerDecoder(nn.Module):
     ) -> Tensor:
         """``residual`` plus fairseq's incremental self-attention of ``x`` ``[rows, embed]``
         over each row's history (its keys and values at ``history[2 * layer]``, ``[2 * layer +
-        1]``; this step's written in the last column); ``bias`` ``[rows x heads, 1, width]``:
-        -inf at padding."""
+        1]``; this step's written in the last column); ``bias`` -inf at padding, ``[rows,
+        width]`` for our kernel, ``[rows x heads, 1, width]`` for torch's products."""
         rows, embed = x.shape
         heads, head_dim = self.heads, self.head_dim
         qkv = prepared.self_qkv(x)
+        if bias.dim() == 2:
+            keys, values = history[2 * layer], history[2 * layer + 1]
+            context = float_attention.self_attention(qkv, keys, values, bias)
+            return prepared.self_out.plus(context, residual)
         history[2 * layer : 2 * layer + 2, :, :, -1] = (
             qkv[:, embed:].view(rows, 2, heads, head_dim).transpose(0, 1)
         )
@@ -397,18 +407,62 @@ def _cross_bias(memory: Memory, rows: int, heads: int) -> Tensor:
 def _cross_attention(
     prepared: LayerWeights,
     x: Tensor,
-    groups: list[tuple[Memory, int, Tensor]],
+    groups: list[tuple[Memory, int, Tensor | None]],
     layer: int,
     need_weights: bool,
     residual: Tensor,
 ) -> tuple[Tensor, Tensor | None]:
     """``residual`` plus fairseq's encoder-decoder attention of ``x`` ``[rows, embed]``: each
-    group of rows (its sentences' memory, its rows, sentence-major, and their padding bias)
-    reads its sentences' keys and values. The weights, averaged over heads, come back ``[rows,
-    1, src]``, groups left-padded to the widest."""
-    rows, embed = x.shape
+    group of rows (its sentences' memory, its rows, sentence-major, and their padding bias for
+    torch's products, None for our kernel) reads its sentences' keys and values. The weights,
+    averaged over heads, come back ``[rows, 1, src]``, groups left-padded to the widest."""
     q = prepared.cross_query(x)
-    contexts, weights, first = [], [], 0
+    weights: list[Tensor] = []
+    in_kernel = groups[0][2] is None
+    attend = _cross_attention_in_kernel if in_kernel else _cross_attention_in_torch
+    out = prepared.cross_out.plus(attend(q, groups, layer, need_weights, weights), residual)
+    if not need_weights:
+        return out, None
+    widest = max(w.size(-1) for w in weights)
+    return out, torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights]).to(x)
+
+
+def _cross_attention_in_kernel(
+    q: Tensor,
+    groups: list[tuple[Memory, int, Tensor | None]],
+    layer: int,
+    need_weights: bool,
+    weights: list[Tensor],
+) -> Tensor:
+    """:func:`_cross_attention`'s contexts ``[rows, embed]`` by our kernel, each group's
+    written straight into its rows; its weights averaged over heads appended to ``weights`` if
+    ``need_weights``."""
+    context, first = torch.empty_like(q), 0
+    for memory, group_rows, _ in groups:
+        keys, values = memory[f"keys{layer}"], memory[f"values{layer}"]
+        last = first + group_rows
+        probs = float_attention.cross_attention(
+            q[first:last], keys, values, memory["bias"], context[first:last], need_weights
+        )
+        if probs is not None:
+            sentences, width = keys.size(0), keys.size(3)
+            per_head = probs.view(sentences, group_rows // sentences, -1, width)
+            weights.append(per_head.mean(dim=2).reshape(group_rows, 1, width))
+        first = last
+    return context
+
+
+def _cross_attention_in_torch(
+    q: Tensor,
+    groups: list[tuple[Memory, int, Tensor | None]],
+    layer: int,
+    need_weights: bool,
+    weights: list[Tensor],
+) -> Tensor:
+    """:func:`_cross_attention`'s contexts ``[rows, embed]`` by torch's batched products; each
+    group's weights averaged over heads appended to ``weights`` if ``need_weights``."""
+    embed = q.size(1)
+    contexts, first = [], 0
     for memory, group_rows, bias in groups:
         keys, values = memory[f"keys{layer}"], memory[f"values{layer}"]
         sentences, heads, head_dim, width = keys.shape
@@ -427,9 +481,4 @@ def _cross_attention(
             per_head = probs_float.view(sentences, heads, each, width)
             weights.append(per_head.mean(dim=1).reshape(group_rows, 1, width))
         first += group_rows
-    context = contexts[0] if len(contexts) == 1 else torch.cat(contexts)
-    out = prepared.cross_out.plus(context, residual)
-    if not need_weights:
-        return out, None
-    widest = max(w.size(-1) for w in weights)
-    return out, torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights]).to(x)
+    return contexts[0] if len(contexts) == 1 else torch.cat(contexts)

@@ -1,0 +1,129 @@
+"""A transformer decoder step's attention (one query per row and head) in one call per layer,
+float32 on the CPU, through our kernel (``native/attention.c``).
+
+With torch, a layer's self-attention and cross-attention take some 30 operations at a decoder
+step (the history write, views, ``baddbmm``, softmax, ``bmm``, reshapes), each costing 1-6 us
+whatever its size, where the arithmetic at a few rows takes a few microseconds
+(docs/speed.md). Each row and head is computed alone, in an order that does not depend on the
+rows beside it, the buffers' widths or the threads, so a sentence gets the same bits alone or
+batched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from beamplugin.kernels import native_library
+
+# Below this many multiply-adds (rows x heads x columns x head_dim) a call runs on one thread.
+PARALLEL_WORK = 1 << 17
+
+
+@functools.cache
+def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """attention.c's ``self_attention`` and ``cross_attention`` (None where it cannot be
+    built)."""
+    library = native_library.load("attention")
+    if library is None:
+        return None
+    pointer, size, small = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    own, cross = library.self_attention, library.cross_attention
+    own.argtypes = [pointer, size, pointer, pointer, size, size, pointer, pointer, pointer]
+    own.argtypes += [size, size, size, size, small]
+    cross.argtypes = [pointer, size, pointer, size, size, size, pointer, size, size, pointer]
+    cross.argtypes += [size, pointer, pointer, size, size, size, size, size, small]
+    own.restype = cross.restype = None
+    return own, cross
+
+
+def serves(x: Tensor) -> bool:
+    """Whether ``x``'s attention can run here: float32, on the CPU, without autograd, with the
+    kernel built."""
+    return (
+        x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and not torch.is_grad_enabled()
+        and _kernels() is not None
+    )
+
+
+def _threads(work: int) -> int:
+    return torch.get_num_threads() if work >= PARALLEL_WORK else 1
+
+
+def self_attention(qkv: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+    """fairseq's incremental self-attention of each row of ``qkv`` ``[rows, 3 x embed]`` (its
+    scaled query, key and value) over its history ``keys``, ``values`` ``[rows, heads, width,
+    head_dim]`` (a layer's, columns ``head_dim`` apart): this step's key and value are written
+    into the last column first. ``bias`` ``[rows, width]``: 0, or -inf where masked. Returns the
+    context ``[rows, embed]``."""
+    kernels = _kernels()
+    assert kernels is not None, "check serves() first"
+    rows, heads, width, head_dim = keys.shape
+    if keys.stride()[2:] != (head_dim, 1) or values.stride() != keys.stride():
+        raise ValueError("the history's columns must be head_dim floats apart")
+    if qkv.stride(1) != 1 or not bias.is_contiguous() or bias.shape != (rows, width):
+        raise ValueError("qkv's rows and the bias must be contiguous")
+    out = qkv.new_empty((rows, heads * head_dim))
+    kernels[0](
+        qkv.data_ptr(),
+        qkv.stride(0),
+        keys.data_ptr(),
+        values.data_ptr(),
+        keys.stride(0),
+        keys.stride(1),
+        bias.data_ptr(),
+        None,  # the weights: not wanted
+        out.data_ptr(),
+        rows,
+        heads,
+        head_dim,
+        width,
+        _threads(rows * heads * width * head_dim),
+    )
+    return out
+
+
+def cross_attention(
+    query: Tensor, keys: Tensor, values: Tensor, bias: Tensor, out: Tensor, need_weights: bool
+) -> Tensor | None:
+    """fairseq's encoder-decoder attention of ``query`` ``[rows, embed]`` (scaled; rows sentence
+    by sentence, the same number each) over the sentences' ``keys`` ``[sentences, heads,
+    head_dim, src]`` and ``values`` ``[sentences, heads, src, head_dim]`` (views of a memory
+    pool: source positions consecutive) with their padding ``bias`` ``[sentences, 1, 1, src]``
+    (0 or -inf). The context goes into ``out`` ``[rows, embed]`` (contiguous rows); returns the
+    weights ``[rows, heads, src]`` if ``need_weights``."""
+    kernels = _kernels()
+    assert kernels is not None, "check serves() first"
+    sentences, heads, head_dim, src = keys.shape
+    rows = query.size(0)
+    if keys.stride(3) != 1 or values.stride()[2:] != (head_dim, 1) or bias.stride(3) != 1:
+        raise ValueError("the source positions of keys, values and bias must be consecutive")
+    if query.stride(1) != 1 or out.stride() != (heads * head_dim, 1) or rows % sentences:
+        raise ValueError("query and out must have contiguous rows, as many for each sentence")
+    probs = query.new_empty((rows, heads, src)) if need_weights else None
+    kernels[1](
+        query.data_ptr(),
+        query.stride(0),
+        keys.data_ptr(),
+        *keys.stride()[:3],
+        values.data_ptr(),
+        *values.stride()[:2],
+        bias.data_ptr(),
+        bias.stride(0),
+        None if probs is None else probs.data_ptr(),
+        out.data_ptr(),
+        rows,
+        rows // sentences,
+        heads,
+        head_dim,
+        src,
+        _threads(rows * heads * src * head_dim),
+    )
+    return probs

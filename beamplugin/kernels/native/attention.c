@@ -1,0 +1,181 @@
+/* A transformer decoder step's attention, one query per row and head: fairseq's
+ * softmax(bias + q . K) V (the query scaled already), for the self-attention over a row's
+ * history (this step's key and value written into its last column first) and for the
+ * cross-attention over a sentence's encoder keys and values.
+ *
+ * Every (row, head) is computed alone, in the same order whatever the rows beside it, the width
+ * of the buffers, the columns masked (-inf in the bias: skipped, as they weigh exactly 0) or the
+ * thread: a row gets the same bits alone or batched. exp is Cephes' expf polynomial (within 2
+ * ulp; torch's own differs from libm's as much). Vectors are GCC's, compiled with -march for
+ * this CPU.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* exp(x) for x <= 0, 0 below -87.3 (-inf included) */
+static inline float exp_nonpositive(float x)
+{
+    const float low = -87.33654f;
+    float clamped = x < low ? low : x;
+    float n = __builtin_rintf(clamped * 1.44269504088896341f);
+    float r = clamped - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < low ? 0.0f : p * scale;
+}
+
+/* scores (-inf where masked) to probabilities, in place */
+static void softmax(float *s, int64_t width)
+{
+    float most = -INFINITY;
+    for (int64_t j = 0; j < width; j++)
+        most = s[j] > most ? s[j] : most;
+    for (int64_t j = 0; j < width; j++) /* apart from the sum: this loop vectorizes */
+        s[j] = exp_nonpositive(s[j] - most);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < width; j++)
+        sum += s[j];
+    float inverse = 1.0f / sum;
+    for (int64_t j = 0; j < width; j++)
+        s[j] *= inverse;
+}
+
+/* a . b: 16 lanes of partial sums folded in halves, a fixed order */
+static inline float dot(const float *a, const float *b, int64_t n)
+{
+    v16 acc = {0};
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        acc += load16(a + d) * load16(b + d);
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 half = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7)
+            + __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3)
+               + __builtin_shufflevector(half, half, 4, 5, 6, 7);
+    float s = (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+    for (; d < n; d++)
+        s += a[d] * b[d];
+    return s;
+}
+
+/* out (head_dim) = sum over j of p[j] values[j] (rows head_dim apart), j where p[j] > 0, in
+ * order of j: 64 dimensions at a time, four independent chains */
+static inline void weigh(const float *p, const float *values, int64_t width, int64_t head_dim,
+                         float *out)
+{
+    int64_t d = 0;
+    for (; d + 64 <= head_dim; d += 64) {
+        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        for (int64_t j = 0; j < width; j++) {
+            if (p[j] > 0.0f) {
+                const float *v = values + j * head_dim + d;
+                a0 += p[j] * load16(v);
+                a1 += p[j] * load16(v + 16);
+                a2 += p[j] * load16(v + 32);
+                a3 += p[j] * load16(v + 48);
+            }
+        }
+        store16(out + d, a0);
+        store16(out + d + 16, a1);
+        store16(out + d + 32, a2);
+        store16(out + d + 48, a3);
+    }
+    for (; d + 16 <= head_dim; d += 16) {
+        v16 acc = {0};
+        for (int64_t j = 0; j < width; j++)
+            if (p[j] > 0.0f)
+                acc += p[j] * load16(values + j * head_dim + d);
+        store16(out + d, acc);
+    }
+    for (; d < head_dim; d++) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < width; j++)
+            if (p[j] > 0.0f)
+                acc += p[j] * values[j * head_dim + d];
+        out[d] = acc;
+    }
+}
+
+/* qkv: rows x 3 embed (row stride qkv_stride): queries, keys, values, each head after head.
+ * keys, values: this layer's history, [rows, heads, width, head_dim] (strides row_stride,
+ * head_stride, head_dim, 1); column width - 1 receives this step's. bias: rows x width, 0 or
+ * -inf. probs: rows x heads x width (written), or NULL. out: rows x embed. */
+void self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *values,
+                    int64_t row_stride, int64_t head_stride, const float *bias, float *probs,
+                    float *out, int64_t rows, int64_t heads, int64_t head_dim, int64_t width,
+                    int threads)
+{
+    int64_t embed = heads * head_dim;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row_bias = bias + r * width;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *q = qkv + r * qkv_stride + h * head_dim;
+            float *k = keys + r * row_stride + h * head_stride;
+            float *v = values + r * row_stride + h * head_stride;
+            memcpy(k + (width - 1) * head_dim, q + embed, head_dim * sizeof(float));
+            memcpy(v + (width - 1) * head_dim, q + 2 * embed, head_dim * sizeof(float));
+            float scratch[probs ? 1 : width];
+            float *s = probs ? probs + (r * heads + h) * width : scratch;
+            for (int64_t j = 0; j < width; j++)
+                s[j] = row_bias[j] == -INFINITY ? -INFINITY
+                                                : row_bias[j] + dot(q, k + j * head_dim, head_dim);
+            softmax(s, width);
+            weigh(s, v, width, head_dim, out + r * embed + h * head_dim);
+        }
+    }
+}
+
+/* q: rows x embed (row stride q_stride), rows sentence by sentence, `each` a sentence.
+ * keys: [sentences, heads, head_dim, src] (strides k_sentence, k_head, k_dim, 1); values:
+ * [sentences, heads, src, head_dim] (strides v_sentence, v_head, head_dim, 1); bias:
+ * [sentences, src] (strides bias_sentence, 1), 0 or -inf. probs: rows x heads x src (written),
+ * or NULL. out: rows x embed. */
+void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
+                     int64_t k_head, int64_t k_dim, const float *values, int64_t v_sentence,
+                     int64_t v_head, const float *bias, int64_t bias_sentence, float *probs,
+                     float *out, int64_t rows, int64_t each, int64_t heads, int64_t head_dim,
+                     int64_t src, int threads)
+{
+    int64_t embed = heads * head_dim;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t sentence = r / each;
+        const float *sentence_bias = bias + sentence * bias_sentence;
+        for (int64_t h = 0; h < heads; h++) {
+            const float *query = q + r * q_stride + h * head_dim;
+            const float *k = keys + sentence * k_sentence + h * k_head;
+            const float *v = values + sentence * v_sentence + h * v_head;
+            float scratch[probs ? 1 : src];
+            float *s = probs ? probs + (r * heads + h) * src : scratch;
+            for (int64_t j = 0; j < src; j++)
+                s[j] = 0.0f;
+            for (int64_t d = 0; d < head_dim; d++) {
+                float a = query[d];
+                const float *k_row = k + d * k_dim;
+                for (int64_t j = 0; j < src; j++)
+                    s[j] += a * k_row[j];
+            }
+            for (int64_t j = 0; j < src; j++)
+                s[j] = sentence_bias[j] == -INFINITY ? -INFINITY : sentence_bias[j] + s[j];
+            softmax(s, src);
+            weigh(s, v, src, head_dim, out + r * embed + h * head_dim);
+        }
+    }
+}
