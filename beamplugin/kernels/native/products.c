@@ -12,6 +12,10 @@
 #include <string.h>
 
 #define NR 32
+/* How far ahead a panel's first row block asks for the panel's rows: at a decoder step's few
+ * rows the weights come from memory, and the hardware's own prefetch alone left a 3-layer
+ * transformer's products 1.5x slower (docs/speed.md). */
+#define PREFETCH_ROWS 128
 #ifdef __AVX512F__
 #define MR 8 /* 16 accumulators of 32 registers */
 #else
@@ -25,7 +29,7 @@ static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); retur
 static inline __attribute__((always_inline)) void rows_of_panel(
     int rows, const float *x, int64_t ldx, const float *panel, int64_t k_len,
     const float *bias, const float *residual, int64_t ldr, float *y, int64_t ldy,
-    int64_t width, int relu)
+    int64_t width, int relu, int prefetch)
 {
     v16 acc[MR][2];
     for (int i = 0; i < rows; i++) {
@@ -33,6 +37,10 @@ static inline __attribute__((always_inline)) void rows_of_panel(
         acc[i][1] = (v16){0};
     }
     for (int64_t k = 0; k < k_len; k++) {
+        if (prefetch) { /* past the panel's end: the next panel's rows */
+            __builtin_prefetch(panel + (k + PREFETCH_ROWS) * NR, 0, 3);
+            __builtin_prefetch(panel + (k + PREFETCH_ROWS) * NR + 16, 0, 3);
+        }
         v16 b0 = load16(panel + k * NR), b1 = load16(panel + k * NR + 16);
         for (int i = 0; i < rows; i++) {
             float a = x[i * ldx + k];
@@ -69,13 +77,13 @@ void products(const float *x, int64_t ldx, const float *panels, const float *bia
         for (; r + MR <= m; r += MR)
             rows_of_panel(MR, x + r * ldx, ldx, panel, k_len, bias ? bias + first : 0,
                           residual ? residual + r * ldr + first : 0, ldr,
-                          y + r * ldy + first, ldy, width, relu);
+                          y + r * ldy + first, ldy, width, relu, r == 0);
         const float *xr = x + r * ldx;
         const float *rr = residual ? residual + r * ldr + first : 0;
         const float *br = bias ? bias + first : 0;
         float *yr = y + r * ldy + first;
         switch (m - r) { /* the last rows, each count its own unrolled loop */
-#define LAST(R) case R: rows_of_panel(R, xr, ldx, panel, k_len, br, rr, ldr, yr, ldy, width, relu); break;
+#define LAST(R) case R: rows_of_panel(R, xr, ldx, panel, k_len, br, rr, ldr, yr, ldy, width, relu, r == 0); break;
         LAST(1) LAST(2)
 #if MR > 3
         LAST(3) LAST(4) LAST(5) LAST(6) LAST(7)
