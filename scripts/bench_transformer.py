@@ -7,10 +7,7 @@ B consecutive sentences, as fairseq-generate makes them):
 
 * ``fairseq``: fairseq's SequenceGenerator;
 * ``ours`` / ``ours int8``: beamplugin's SequenceGenerator (the engine, the transformer mixing
-  steps), in float32 and with ``--int8``'s products, stopping as fairseq does (the same
-  hypotheses);
-* ``ours early``: float32, ``stopping="early"``, ``nbest=1`` (``--search-stop early``): a
-  sentence stops once a step's best candidate ends, as CTranslate2 stops by default;
+  steps), in float32 and with ``--int8``'s products;
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
   ``translate_batch`` with ``max_batch_size`` B, intra_threads = the thread count.
 
@@ -39,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 BEAM, MAX_LEN_B = 5, 200
-SYSTEMS = ["fairseq", "ours", "ours early", "ours int8", "ct2 float32", "ct2 int8"]
+SYSTEMS = ["fairseq", "ours", "ours int8", "ct2 float32", "ct2 int8"]
 
 
 def checkpoint_parser(description: str) -> argparse.ArgumentParser:
@@ -128,9 +125,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
     model = models[0].eval()
     if args.worker == "ours int8":
         cast_for_decoding([model], "int8")
-    options: dict[str, Any] = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
-    if args.worker == "ours early":
-        options.update(stopping="early", nbest=1)
+    options = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
     kind = FairseqGenerator if args.worker == "fairseq" else SequenceGenerator
     generator = kind([model], task.target_dictionary, **options)
     pad, batch = task.source_dictionary.pad(), job["batch"]
@@ -179,7 +174,7 @@ def main() -> None:
     sources = [item["source"].tolist() for item in items]
     references = [dictionary.string(item["target"], "sentencepiece") for item in items]
     workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
-    systems = [name for name in SYSTEMS if not name.startswith("ct2")]
+    systems = SYSTEMS[:3]
     ct2: dict[str, str] = {}
     try:
         import ctranslate2  # noqa: F401

@@ -8,10 +8,6 @@ live hypotheses can enter its n-best, and not later.
   positive length penalties, one batch at a time and with sentences joining mid-search.
 * Each sentence stops at the first step at which that best score is no higher than the worst
   hypothesis it keeps.
-
-And CTranslate2's rule (``stopping="early"``): a sentence keeps the hypotheses fairseq's rule
-finishes by the step at which a step's best candidate has ended and ``nbest`` are finished,
-and takes fewer steps.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import math
 
 import pytest
 import torch
-from builders import assert_same, count_rows, make_batch
+from builders import assert_same, make_batch
 from fairseq import utils
 
 import beamplugin.engine.finalizer
@@ -178,30 +174,3 @@ def test_a_sentence_stops_as_soon_as_the_bound_allows(
                 early += sentence.key in done and not at_max
     # a length bonus (len_penalty > 0) keeps these sentences searching to their maximum length
     assert early > 0 or len_penalty > 0
-
-
-@pytest.mark.parametrize("capacity", [None, 3], ids=["static", "continuous"])
-@pytest.mark.parametrize("nbest", [1, 2])
-@pytest.mark.parametrize("len_penalty", LENGTH_PENALTIES, ids=lambda p: f"lenpen{p}")
-def test_early_stopping_keeps_the_hypotheses_fairseqs_rule_finishes_by_then(
-    vocab, models, capacity, nbest, len_penalty
-):
-    """The search is fairseq's until the sentence stops: its n-best are the best of fairseq's
-    finished hypotheses no longer than its own longest; and it stops no later."""
-    model = models["convs2s"][0]
-    sample = make_batch(vocab, 9, seed=23)
-    options = dict(beam_size=3, max_len_a=1.0, max_len_b=2, len_penalty=len_penalty)
-    fairseq_rule = SequenceGenerator([model], vocab, **options)  # all beam_size hypotheses
-    early_rule = SequenceGenerator([model], vocab, **options, stopping="early", nbest=nbest)
-    fairseq_rows, early_rows = count_rows(fairseq_rule), count_rows(early_rule)
-    full = decode(fairseq_rule, sample, capacity)
-    early = decode(early_rule, sample, capacity)
-    expected, stopped_sooner = [], 0
-    for everything, own in zip(full, early, strict=True):
-        longest = max(len(h["tokens"]) for h in own)
-        expected.append([h for h in everything if len(h["tokens"]) <= longest][:nbest])
-        stopped_sooner += longest < max(len(h["tokens"]) for h in everything)
-    assert_same(expected, early)
-    assert sum(early_rows) <= sum(fairseq_rows)
-    if nbest == 1:  # some sentences stopped before holding beam_size hypotheses
-        assert stopped_sooner > 0 and sum(early_rows) < sum(fairseq_rows)

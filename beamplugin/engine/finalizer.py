@@ -72,14 +72,6 @@ class Finalizer:
         at_max = [s.step >= s.max_len for s in live]
         if self.options.stopping == "fairseq":
             done = [m or c >= beam for m, c in zip(at_max, counts, strict=True)]
-        elif self.options.stopping == "early":
-            for sentence, best_ends in zip(live, finalize[:, 0].tolist(), strict=True):
-                sentence.best_ended |= best_ends
-            nbest = self.options.nbest
-            done = [
-                m or c >= beam or (s.best_ended and c >= nbest)
-                for s, m, c in zip(live, at_max, counts, strict=True)
-            ]
         else:
             worst = torch.tensor([s.nbest.worst_score() for s in live])
             slots.per_sentence["worst"] = to_device(worst.to(bound.dtype), slots.device)

@@ -44,7 +44,6 @@ class Sentence:
     step: int = 0  # output tokens it has
     block: int = 0  # its width block among the sentences with beam rows
     cancelled: bool = False  # leaves at the end of the next step, with no result
-    best_ended: bool = False  # the best candidate of a step ended in EOS ("early" stopping)
 
 
 class Slots:

@@ -27,7 +27,7 @@ from beamplugin.fairseq_plugin.precision import cast_for_decoding, requested_pre
 logger = logging.getLogger(__name__)
 
 BATCHING_CHOICES = ChoiceEnum(["continuous", "static"])
-STOPPING_CHOICES = ChoiceEnum(["fairseq", "exact", "early"])
+STOPPING_CHOICES = ChoiceEnum(["fairseq", "exact"])
 LENPEN_CHOICES = ChoiceEnum(["fairseq", "gnmt"])
 
 
@@ -46,9 +46,7 @@ class BeamTranslationConfig(TranslationConfig):
         metadata={
             "help": "when a sentence stops: 'fairseq' once it holds --beam finished hypotheses "
             "(fairseq's rule, identical outputs); 'exact' only when no alive hypothesis can "
-            "still beat the worst finished one under the length penalty; 'early' as soon as a "
-            "step's best candidate ends and --nbest hypotheses are finished (CTranslate2's "
-            "rule: fewer steps, the best hypothesis nearly always fairseq's)"
+            "still beat the worst finished one under the length penalty"
         },
     )
     lenpen_style: LENPEN_CHOICES = field(

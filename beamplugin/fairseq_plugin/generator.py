@@ -13,9 +13,7 @@ cannot drift apart. On top of fairseq's generator:
 * the search runs under ``torch.inference_mode`` (cheaper ops); what it returns are ordinary
   tensors;
 * ``stopping="exact"`` keeps searching while an alive hypothesis can still beat the worst
-  finished one, ``stopping="early"`` stops once a step's best candidate ends and ``nbest``
-  hypotheses are finished (CTranslate2's rule), ``length_penalty_style="gnmt"`` normalises
-  by ``((5 + len) / 6) ** lenpen``;
+  finished one, ``length_penalty_style="gnmt"`` normalises by ``((5 + len) / 6) ** lenpen``;
 * ``no_repeat_ngram_size`` blocks n-grams with the same vectorised code on CPU and CUDA.
 """
 

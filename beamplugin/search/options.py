@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STOPPING_RULES = ("fairseq", "exact", "early")
+STOPPING_RULES = ("fairseq", "exact")
 LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 ALIGNMENT_KINDS = (None, "hard", "soft")
 
@@ -21,13 +21,9 @@ class DecodingOptions:
     ``max_len`` is the model's limit (output tokens plus EOS), ``nbest`` at most ``beam_size``.
     ``stopping``: ``"fairseq"`` ends a sentence once it holds ``beam_size`` finished hypotheses
     (or at max length); ``"exact"`` only when, besides, no live hypothesis can still beat the
-    worst of them; ``"early"`` as soon as the best candidate of a step has ended in EOS and it
-    holds ``nbest`` finished hypotheses (CTranslate2's and OpenNMT's rule: fewer steps; its
-    hypotheses are fairseq's that finished by then, so its best is fairseq's unless a longer
-    hypothesis would have overtaken it under the length penalty), or as fairseq's at the latest.
-    ``length_penalty_style``: ``"fairseq"`` divides scores by ``len ** len_penalty``, ``"gnmt"``
-    by ``((5 + len) / 6) ** len_penalty`` (``len`` counts EOS). ``print_alignment``: ``"hard"``
-    or ``"soft"`` fills each hypothesis' alignment.
+    worst of them. ``length_penalty_style``: ``"fairseq"`` divides scores by
+    ``len ** len_penalty``, ``"gnmt"`` by ``((5 + len) / 6) ** len_penalty`` (``len`` counts
+    EOS). ``print_alignment``: ``"hard"`` or ``"soft"`` fills each hypothesis' alignment.
     """
 
     eos: int
