@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.kernels import float_products
+from beamplugin.kernels import float_products, int8_products
 from beamplugin.kernels.float_products import Panels
+from beamplugin.kernels.int8_products import Int8Panels
 
 
 def native_on_cpu(dtype: torch.dtype) -> bool:
@@ -102,11 +103,13 @@ _SMALLEST_SCALE = 1e-30
 
 class Int8Weight(NamedTuple):
     """A weight for :func:`int8_linear`: int8 values (out x in), float32 scale per output
-    channel (out), and the float32 bias (or None)."""
+    channel (out), the float32 bias (or None), and the values packed for our int8 kernel where
+    this CPU runs it (beamplugin.kernels.int8_products)."""
 
     values: Tensor
     scales: Tensor
     bias: Tensor | None
+    panels: Int8Panels | None = None
 
 
 def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
@@ -116,10 +119,13 @@ def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
     w = weight.detach().float()
     scales = (w.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
     values = torch.round(w / scales[:, None]).to(torch.int8)
-    return Int8Weight(values, scales, None if bias is None else bias.detach().float())
+    panels = int8_products.pack(values) if int8_products.available() else None
+    return Int8Weight(values, scales, None if bias is None else bias.detach().float(), panels)
 
 
-def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
+def int8_linear(
+    x: Tensor, weight: Int8Weight, relu: bool = False, residual: Tensor | None = None
+) -> Tensor:
     """``F.linear`` with a :func:`pack_int8` weight: each row of ``x`` is quantized to int8 with
     its own scale (max |x_row| / 127), multiplied in int8 with 32-bit sums, and scaled back to
     float32.
@@ -128,7 +134,16 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
     is per row, integer sums are exact in any order and blocking, and the scaling back is one
     rounding per operation, element by element. So a sentence decodes the same alone or with
     any batch-mates, as in float32 (a shared scale, as torch's dynamic quantized linear takes,
-    would tie every row to the largest activation of the step)."""
+    would tie every row to the largest activation of the step). Then ``relu``, or plus
+    ``residual`` (``[rows, out]``). Where the weight has our kernel's panels and ``x`` is on the
+    CPU, our kernel computes it, with the same roundings (the same bits)."""
+    if weight.panels is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+        rows = x.reshape(-1, x.size(-1))
+        other = None if residual is None else residual.reshape(rows.size(0), -1)
+        out = int8_products.product(
+            rows, weight.panels, weight.scales, weight.bias, _SMALLEST_SCALE, other, relu
+        )
+        return out.view(*x.shape[:-1], weight.values.size(0))
     rows = x.reshape(-1, x.size(-1))
     scale = rows.abs().amax(1, keepdim=True).div_(127).clamp_(min=_SMALLEST_SCALE)
     quantized = torch.div(rows, scale).round_().to(torch.int8)
@@ -137,6 +152,10 @@ def int8_linear(x: Tensor, weight: Int8Weight) -> Tensor:
     out.mul_(weight.scales).mul_(scale)
     if weight.bias is not None:
         out.add_(weight.bias)
+    if relu:
+        out.relu_()
+    if residual is not None:
+        out.add_(residual.reshape(out.shape))
     return out.view(*x.shape[:-1], weight.values.size(0))
 
 
@@ -226,12 +245,16 @@ class PreparedLinear(NamedTuple):
         """``relu(self(x))``, the relu in the product's call (same bits)."""
         if self._on_packed(x):
             return packed_product(x, self.packed, self.bias, relu=True)
+        if self.int8 is not None:
+            return int8_linear(x, self.int8, relu=True)
         return self._unfused(x).relu_()
 
     def plus(self, x: Tensor, other: Tensor) -> Tensor:
         """``self(x) + other`` (a residual), the sum in the product's call (same bits)."""
         if self._on_packed(x):
             return packed_product(x, self.packed, self.bias, residual=other)
+        if self.int8 is not None:
+            return int8_linear(x, self.int8, residual=other)
         return self._unfused(x).add_(other)
 
     def _on_packed(self, x: Tensor) -> bool:

@@ -1,0 +1,112 @@
+"""int8 matrix products (``--int8``) on the CPU through our kernel (``native/int8_products.c``),
+on CPUs with AVX512-VNNI.
+
+beamplugin.modules.linear.int8_linear takes some ten torch operations a product (the row scales,
+the quantization, ``torch._int_mm``, the scaling back), each a call of several microseconds at a
+decoder step's few rows, so that with our float32 kernel ``--int8`` gained nothing at batch 1.
+This kernel quantizes the rows and multiplies in one call, with int8_linear's roundings: the
+same bits (tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from beamplugin.kernels import native_library
+
+PANEL = 32  # output channels a panel holds (int8_products.c's NR)
+GROUP = 4  # inner positions a vpdpbusd lane sums
+PARALLEL_WORK = 1 << 17  # multiply-adds below which a product runs on one thread
+
+
+class Int8Panels(NamedTuple):
+    """int8 weight values ``[out, in]`` packed for :func:`product`: ``[ceil(out / 32), ceil(in /
+    4), 32, 4]``, and each output channel's values summed (int32)."""
+
+    values: Tensor
+    sums: Tensor
+    out_features: int
+    in_features: int
+
+
+@functools.cache
+def _kernel() -> Callable[..., Any] | None:
+    """int8_products.c's ``int8_products`` (None where it cannot be built or the CPU has no
+    AVX512-VNNI)."""
+    library = native_library.load("int8_products")
+    if library is None or not library.int8_kernel_available():
+        return None
+    pointer, size, small = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    kernel = library.int8_products
+    kernel.argtypes = [pointer, size, size, ctypes.c_float, pointer, pointer, pointer, pointer]
+    kernel.argtypes += [pointer, size, pointer, size, size, size, small, small]
+    kernel.restype = small
+    return kernel
+
+
+def available() -> bool:
+    return _kernel() is not None
+
+
+def pack(values: Tensor) -> Int8Panels:
+    """int8 ``values`` ``[out, in]`` laid out for :func:`product`."""
+    out_features, in_features = values.shape
+    panels, groups = -(-out_features // PANEL), -(-in_features // GROUP)
+    padded = values.new_zeros(panels * PANEL, groups * GROUP)
+    padded[:out_features, :in_features] = values
+    laid = padded.view(panels, PANEL, groups, GROUP).permute(0, 2, 1, 3).contiguous()
+    return Int8Panels(laid, values.sum(1, dtype=torch.int32), out_features, in_features)
+
+
+def product(
+    x: Tensor,
+    weight: Int8Panels,
+    channel_scales: Tensor,
+    bias: Tensor | None,
+    smallest_scale: float,
+    residual: Tensor | None = None,
+    relu: bool = False,
+) -> Tensor:
+    """int8_linear of ``x`` ``[rows, in]`` (float32, CPU): each row quantized with its own scale
+    (max |x| / 127, at least ``smallest_scale``), multiplied by the packed weight, scaled back by
+    ``channel_scales`` and the row's scale, plus ``bias``; then ``relu`` or plus ``residual``."""
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("native int8 products are unavailable")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    rows, inner = x.shape
+    if inner != weight.in_features:
+        raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")
+    out = weight.out_features
+    y = x.new_empty((rows, out))
+    if residual is not None and residual.stride(-1) != 1:
+        residual = residual.contiguous()
+    threads = torch.get_num_threads() if rows * out * inner >= PARALLEL_WORK else 1
+    failed = kernel(
+        x.data_ptr(),
+        x.stride(0),
+        inner,
+        smallest_scale,
+        weight.values.data_ptr(),
+        weight.sums.data_ptr(),
+        channel_scales.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        y.data_ptr(),
+        out,
+        rows,
+        out,
+        int(relu),
+        threads,
+    )
+    if failed:
+        raise MemoryError(f"no memory to quantize {rows} rows")
+    return y

@@ -1,0 +1,149 @@
+/* int8 matrix products for inference (--int8), y = dequantized(q(x) W8^T) + b (then relu, or
+ * plus a residual), on CPUs with AVX512-VNNI: each row of x quantized to int8 with its own
+ * scale (max |x| / 127), products summed exactly in 32-bit integers, scaled back per output
+ * channel and per row, in the order and roundings of beamplugin.modules.linear.int8_linear, so
+ * the results are that function's bits.
+ *
+ * The weight is packed once into panels of 32 output channels: for each group of 4 inner
+ * positions, 32 x 4 bytes (vpdpbusd's layout), zeros past the weight's end. vpdpbusd multiplies
+ * unsigned by signed bytes, so activations enter shifted by 128 and 128 x each column's sum is
+ * taken back. Without AVX512-VNNI this file exports only int8_kernel_available() = 0.
+ */
+#include <stdint.h>
+
+/* int8_linear rounds the scaling back one operation at a time: no fused multiply-adds here */
+#pragma GCC optimize("fp-contract=off")
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NR 32
+#define MR 8
+#define PREFETCH_GROUPS 128 /* 16 KB ahead, as the float32 kernel's 128 rows */
+
+int int8_kernel_available(void) { return 1; }
+
+/* x's rows as int8 + 128 (k4 bytes each, 128 past k) and their scales, as int8_linear makes
+ * them: scale max |x| / 127 (at least smallest), values rounded half to even */
+static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int64_t k4,
+                   float smallest, uint8_t *q, float *scales)
+{
+    for (int64_t r = 0; r < m; r++) {
+        const float *row = x + r * ldx;
+        float most = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            float a = fabsf(row[j]);
+            most = a > most ? a : most;
+        }
+        float scale = most / 127.0f;
+        scale = scale < smallest ? smallest : scale;
+        scales[r] = scale;
+        uint8_t *out = q + r * k4;
+        for (int64_t j = 0; j < k; j++)
+            out[j] = (uint8_t)((int32_t)rintf(row[j] / scale) + 128);
+        for (int64_t j = k; j < k4; j++)
+            out[j] = 128;
+    }
+}
+
+static inline __attribute__((always_inline)) void rows_of_panel(
+    int rows, const uint8_t *q, int64_t k4, const int8_t *panel, const int32_t *sums,
+    const float *channel_scales, const float *row_scales, const float *bias,
+    const float *residual, int64_t ldr, float *y, int64_t ldy, int64_t width, int relu,
+    int prefetch)
+{
+    __m512i acc[MR][2];
+    for (int i = 0; i < rows; i++) {
+        acc[i][0] = _mm512_setzero_si512();
+        acc[i][1] = _mm512_setzero_si512();
+    }
+    int64_t groups = k4 / 4;
+    for (int64_t g = 0; g < groups; g++) {
+        const int8_t *w = panel + g * 128;
+        if (prefetch) {
+            _mm_prefetch((const char *)(w + PREFETCH_GROUPS * 128), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + PREFETCH_GROUPS * 128 + 64), _MM_HINT_T0);
+        }
+        __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
+        for (int i = 0; i < rows; i++) {
+            int32_t four;
+            memcpy(&four, q + i * k4 + g * 4, sizeof four);
+            __m512i a = _mm512_set1_epi32(four);
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], a, w0);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], a, w1);
+        }
+    }
+    /* scaled back as int8_linear does, 16 channels at a time (masked past the weight's end) */
+    __mmask16 masks[2] = {
+        (__mmask16)(width >= 16 ? 0xFFFF : (1u << width) - 1),
+        (__mmask16)(width >= 32 ? 0xFFFF : width <= 16 ? 0 : (1u << (width - 16)) - 1),
+    };
+    for (int c = 0; c < 2; c++) {
+        if (!masks[c])
+            continue;
+        __mmask16 mask = masks[c];
+        __m512i shift = _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(mask, sums + 16 * c),
+                                           _mm512_set1_epi32(128));
+        __m512 scales = _mm512_maskz_loadu_ps(mask, channel_scales + 16 * c);
+        __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
+        for (int i = 0; i < rows; i++) {
+            __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][c], shift));
+            v = _mm512_mul_ps(v, scales);
+            v = _mm512_mul_ps(v, _mm512_set1_ps(row_scales[i]));
+            if (bias)
+                v = _mm512_add_ps(v, b);
+            if (relu)
+                v = _mm512_max_ps(_mm512_setzero_ps(), v); /* NaN stays NaN, as relu_ */
+            if (residual)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + i * ldr + 16 * c));
+            _mm512_mask_storeu_ps(y + i * ldy + 16 * c, mask, v);
+        }
+    }
+}
+
+/* x: m x k floats (row stride ldx), quantized here (scales at least `smallest`); panels:
+ * ceil(n / 32) x (k4 / 4) x 32 x 4 bytes, k4 = k rounded up to 4; sums: each channel's weights
+ * summed (n); channel_scales: n; bias: n or NULL; residual: m x n (row stride ldr) or NULL;
+ * y: m x n (row stride ldy). Returns -1 if it could not allocate the quantized rows. */
+int int8_products(const float *x, int64_t ldx, int64_t k, float smallest, const int8_t *panels,
+                  const int32_t *sums, const float *channel_scales, const float *bias,
+                  const float *residual, int64_t ldr, float *y, int64_t ldy, int64_t m,
+                  int64_t n, int relu, int threads)
+{
+    int64_t k4 = (k + 3) / 4 * 4;
+    uint8_t *q = malloc(m * k4 + m * sizeof(float) + 64);
+    if (!q)
+        return -1;
+    float *row_scales = (float *)(q + (m * k4 + 3) / 4 * 4);
+    quantize_rows(x, ldx, m, k, k4, smallest, q, row_scales);
+    int64_t count = (n + NR - 1) / NR;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t p = 0; p < count; p++) {
+        const int8_t *panel = panels + p * (k4 / 4) * 128;
+        int64_t first = p * NR, width = n - first < NR ? n - first : NR;
+        const float *b = bias ? bias + first : 0;
+        int64_t r = 0;
+        for (; r + MR <= m; r += MR)
+            rows_of_panel(MR, q + r * k4, k4, panel, sums + first, channel_scales + first,
+                          row_scales + r, b, residual ? residual + r * ldr + first : 0, ldr,
+                          y + r * ldy + first, ldy, width, relu, r == 0);
+        const uint8_t *qr = q + r * k4;
+        const float *rr = residual ? residual + r * ldr + first : 0;
+        float *yr = y + r * ldy + first;
+        switch (m - r) {
+#define LAST(R) case R: rows_of_panel(R, qr, k4, panel, sums + first, channel_scales + first, \
+                                      row_scales + r, b, rr, ldr, yr, ldy, width, relu, r == 0); break;
+        LAST(1) LAST(2) LAST(3) LAST(4) LAST(5) LAST(6) LAST(7)
+        default: break;
+        }
+    }
+    free(q);
+    return 0;
+}
+
+#else
+int int8_kernel_available(void) { return 0; }
+#endif
