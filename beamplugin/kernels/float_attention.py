@@ -11,7 +11,6 @@ batched.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -20,26 +19,22 @@ import torch
 from torch import Tensor
 
 from beamplugin.kernels import native_library
-
-# Below this many multiply-adds (rows x heads x columns x head_dim) a call runs on one thread.
-PARALLEL_WORK = 1 << 17
+from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
 
 
 @functools.cache
 def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """attention.c's ``self_attention`` and ``cross_attention`` (None where it cannot be
     built)."""
-    library = native_library.load("attention")
-    if library is None:
+    own = [POINTER, SIZE, POINTER, POINTER, SIZE, SIZE, POINTER, POINTER, POINTER]
+    own += [SIZE, SIZE, SIZE, SIZE, INT]
+    cross = [POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, POINTER, SIZE, SIZE, POINTER, SIZE]
+    cross += [POINTER, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, INT]
+    self_attention = native_library.function("attention", "self_attention", own)
+    cross_attention = native_library.function("attention", "cross_attention", cross)
+    if self_attention is None or cross_attention is None:
         return None
-    pointer, size, small = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    own, cross = library.self_attention, library.cross_attention
-    own.argtypes = [pointer, size, pointer, pointer, size, size, pointer, pointer, pointer]
-    own.argtypes += [size, size, size, size, small]
-    cross.argtypes = [pointer, size, pointer, size, size, size, pointer, size, size, pointer]
-    cross.argtypes += [size, pointer, pointer, size, size, size, size, size, small]
-    own.restype = cross.restype = None
-    return own, cross
+    return self_attention, cross_attention
 
 
 def serves(x: Tensor) -> bool:
@@ -51,10 +46,6 @@ def serves(x: Tensor) -> bool:
         and not torch.is_grad_enabled()
         and _kernels() is not None
     )
-
-
-def _threads(work: int) -> int:
-    return torch.get_num_threads() if work >= PARALLEL_WORK else 1
 
 
 def self_attention(qkv: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
@@ -85,7 +76,7 @@ def self_attention(qkv: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> T
         heads,
         head_dim,
         width,
-        _threads(rows * heads * width * head_dim),
+        threads_for(rows * heads * width * head_dim),
     )
     return out
 
@@ -124,6 +115,6 @@ def cross_attention(
         heads,
         head_dim,
         src,
-        _threads(rows * heads * src * head_dim),
+        threads_for(rows * heads * src * head_dim),
     )
     return probs

@@ -11,21 +11,16 @@ it and whatever the number of threads.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import torch
 from torch import Tensor
 
 from beamplugin.kernels import native_library
+from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
 
 PANEL = 32  # output features a panel holds (products.c's NR)
-# Below this many multiply-adds a product runs on one thread: starting the others costs more
-# (2 threads, AVX512 EPYC: 5 rows of 1024 x 256, 0.26M, 10.9 against 6.4 us; 5 x 256 x 256,
-# 0.33M, 5.2 against 4.5 us; docs/speed.md).
-PARALLEL_WORK = 1 << 17
 
 
 class Panels(NamedTuple):
@@ -38,17 +33,8 @@ class Panels(NamedTuple):
 @functools.cache
 def _kernel() -> Callable[..., Any] | None:
     """products.c's ``products``, loaded once a process (None where it cannot be built)."""
-    library = native_library.load("products")
-    if library is None:
-        return None
-    kernel = library.products
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    kernel.argtypes = [
-        *(pointer, size, pointer, pointer, pointer, size, pointer, size),
-        *(size, size, size, ctypes.c_int, ctypes.c_int),
-    ]
-    kernel.restype = None
-    return kernel
+    signature = [POINTER, SIZE, POINTER, POINTER, POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE]
+    return native_library.function("products", "products", [*signature, INT, INT])
 
 
 def available() -> bool:
@@ -89,7 +75,6 @@ def product(
         residual = residual.contiguous()
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
-    threads = torch.get_num_threads() if rows * out * inner >= PARALLEL_WORK else 1
     kernel(
         x.data_ptr(),
         x.stride(0),
@@ -103,6 +88,6 @@ def product(
         out,
         inner,
         int(relu),
-        threads,
+        threads_for(rows * out * inner),
     )
     return y

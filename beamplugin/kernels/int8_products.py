@@ -10,7 +10,6 @@ same bits (tested).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -19,10 +18,10 @@ import torch
 from torch import Tensor
 
 from beamplugin.kernels import native_library
+from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
 PANEL = 32  # output channels a panel holds (int8_products.c's NR)
 GROUP = 4  # inner positions a vpdpbusd lane sums
-PARALLEL_WORK = 1 << 17  # multiply-adds below which a product runs on one thread
 
 
 class Int8Panels(NamedTuple):
@@ -39,15 +38,12 @@ class Int8Panels(NamedTuple):
 def _kernel() -> Callable[..., Any] | None:
     """int8_products.c's ``int8_products`` (None where it cannot be built or the CPU has no
     AVX512-VNNI)."""
-    library = native_library.load("int8_products")
-    if library is None or not library.int8_kernel_available():
+    vnni = native_library.function("int8_products", "int8_kernel_available", [], INT)
+    if vnni is None or not vnni():
         return None
-    pointer, size, small = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    kernel = library.int8_products
-    kernel.argtypes = [pointer, size, size, ctypes.c_float, pointer, pointer, pointer, pointer]
-    kernel.argtypes += [pointer, size, pointer, size, size, size, small, small]
-    kernel.restype = small
-    return kernel
+    signature = [POINTER, SIZE, SIZE, FLOAT, POINTER, POINTER, POINTER, POINTER, POINTER, SIZE]
+    signature += [POINTER, SIZE, SIZE, SIZE, INT, INT]
+    return native_library.function("int8_products", "int8_products", signature, INT)
 
 
 def available() -> bool:
@@ -88,7 +84,6 @@ def product(
     y = x.new_empty((rows, out))
     if residual is not None and residual.stride(-1) != 1:
         residual = residual.contiguous()
-    threads = torch.get_num_threads() if rows * out * inner >= PARALLEL_WORK else 1
     failed = kernel(
         x.data_ptr(),
         x.stride(0),
@@ -105,7 +100,7 @@ def product(
         rows,
         out,
         int(relu),
-        threads,
+        threads_for(rows * out * inner),
     )
     if failed:
         raise MemoryError(f"no memory to quantize {rows} rows")
