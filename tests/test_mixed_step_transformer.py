@@ -99,7 +99,7 @@ def test_a_variant_not_reproduced_decodes_batch_after_batch_and_says_why(
 def test_a_generator_kept_across_training_follows_the_weights(vocab):
     """fairseq's task builds its generator once and validates with it between updates, and
     fairseq's optimizers write through ``p.data`` (no version bump): the prepared weights must
-    still follow a training step and a state dict load."""
+    still follow a training step, a state dict load and parameters replaced."""
     model = build_transformer(vocab, 1)
     options = dict(beam_size=3, max_len_b=8)
     kept = SequenceGenerator([model], vocab, **options)
@@ -124,7 +124,14 @@ def test_a_generator_kept_across_training_follows_the_weights(vocab):
         for a, b in zip(after, before, strict=True)
     )
     model.load_state_dict(build_transformer(vocab, 2).state_dict())
-    check()
+    loaded = check()
+    # parameters replaced, not written into: the old ones keep their versions and storage
+    torch.nn.Module.load_state_dict(model, build_transformer(vocab, 3).state_dict(), assign=True)
+    replaced = check()
+    assert any(
+        not torch.equal(a[0]["positional_scores"], b[0]["positional_scores"])
+        for a, b in zip(replaced, loaded, strict=True)
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,11 @@ fairseq's only in float rounding.
 The prepared weights are checked, not on every step, but when :meth:`TransformerWeights.current`
 is called (once per encoder forward: every sentence is encoded before it decodes). They are made
 again when a parameter's version, storage or dtype changed (a state dict load, a cast, a move),
-when int8 products are switched, and after any forward of fairseq's own encoder or decoder:
-training runs them, and fairseq's optimizers write through ``p.data``, which bumps no version.
+when a parameter was registered anywhere (a module's parameter replaced, as ``load_state_dict(...,
+assign=True)`` does), when int8 products are switched, and after any forward of fairseq's own
+encoder or decoder: training runs them, and fairseq's optimizers write through ``p.data``, which
+bumps no version. The parameters are listed once per registration, not per check: walking the
+model's modules cost ~0.15 ms a sentence at batch 1.
 """
 
 from __future__ import annotations
@@ -23,6 +26,19 @@ import torch
 from torch import nn
 
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
+
+
+class _Registrations:
+    """How many parameters any module has registered in this process (torch's global hook)."""
+
+    count = 0
+
+    @classmethod
+    def seen(cls, *_: Any) -> None:
+        cls.count += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_Registrations.seen)
 
 
 class LayerWeights(NamedTuple):
@@ -40,6 +56,7 @@ class TransformerWeights:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._key: tuple[Any, ...] | None = None
+        self._parameters: tuple[list[nn.Parameter], int] = ([], -1)  # and the registrations
         self.encoder_layers: list[LayerWeights] = []
         self.decoder_layers: list[LayerWeights] = []
         self.memory: PreparedLinear | None = None  # every decoder layer's cross keys, values
@@ -59,7 +76,11 @@ class TransformerWeights:
         """These weights, made again first if the model's changed."""
         model = self.model
         int8 = bool(getattr(model.decoder, "int8_products", False))
-        key = (int8, *((p._version, p.data_ptr(), p.dtype) for p in model.parameters()))
+        parameters, registrations = self._parameters
+        if registrations != _Registrations.count:
+            parameters = list(model.parameters())
+            self._parameters = parameters, _Registrations.count
+        key = (int8, *((p._version, p.data_ptr(), p.dtype) for p in parameters))
         if key != self._key:
             with torch.no_grad():
                 self._prepare(int8)
