@@ -146,3 +146,26 @@ def test_without_the_kernel_products_take_torchs(how, tmp_path, monkeypatch, cap
     finally:
         for cached in (native_library._load, float_products._kernel, linear_module.packed_dtypes):
             cached.cache_clear()
+
+
+@needs_compiler
+def test_a_layer_norm_after_the_residual_is_torchs_up_to_rounding_and_keeps_a_rows_bits():
+    """A post-norm transformer's sublayer output: LayerNorm(x W^T + b + residual) in one call."""
+    weight, bias = weights((256, 1024), seed=5)
+    packed = float_products.pack(weight)
+    gamma, beta = torch.rand(256) + 0.5, torch.randn(256)
+    x, residual = torch.randn(320, 1024), torch.randn(320, 256) * 3
+    normed = float_products.product(x, packed, bias, residual, norm=(gamma, beta, 1e-5))
+    plain = float_products.product(x, packed, bias, residual)
+    expected = F.layer_norm(plain.double(), (256,), gamma.double(), beta.double(), 1e-5)
+    torch.testing.assert_close(normed.double(), expected, rtol=1e-5, atol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for rows in (1, 5, 9, 320):
+            alone = float_products.product(
+                x[:rows], packed, bias, residual[:rows], norm=(gamma, beta, 1e-5)
+            )
+            assert torch.equal(alone, normed[:rows])
+    finally:
+        torch.set_num_threads(threads)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from torch import Tensor
 
 from beamplugin.kernels import native_library
-from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
+from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
 PANEL = 32  # output features a panel holds (products.c's NR)
 
@@ -34,7 +34,8 @@ class Panels(NamedTuple):
 def _kernel() -> Callable[..., Any] | None:
     """products.c's ``products``, loaded once a process (None where it cannot be built)."""
     signature = [POINTER, SIZE, POINTER, POINTER, POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE]
-    return native_library.function("products", "products", [*signature, INT, INT])
+    signature += [INT, POINTER, POINTER, FLOAT, INT]
+    return native_library.function("products", "products", signature)
 
 
 def available() -> bool:
@@ -58,9 +59,11 @@ def product(
     bias: Tensor | None,
     residual: Tensor | None = None,
     relu: bool = False,
+    norm: tuple[Tensor, Tensor, float] | None = None,
 ) -> Tensor:
     """``x @ W.T + bias`` for ``x`` ``[rows, in]`` (float32, on CPU), then ``relu`` or plus
-    ``residual`` ``[rows, out]``, as one call."""
+    ``residual`` ``[rows, out]``, then, with ``norm`` (weight, bias, eps), a layer norm of each
+    row, as one call."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("native products are unavailable")
@@ -88,6 +91,9 @@ def product(
         out,
         inner,
         int(relu),
+        None if norm is None else norm[0].data_ptr(),
+        None if norm is None else norm[1].data_ptr(),
+        0.0 if norm is None else norm[2],
         threads_for(rows * out * inner),
     )
     return y

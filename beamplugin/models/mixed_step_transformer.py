@@ -247,16 +247,17 @@ class MixedStepTransformerDecoder(nn.Module):
         torch's products take."""
         before = layer.normalize_before
         norm = layer.self_attn_layer_norm
-        out = self._self_attention(
-            prepared, _norm_input(norm, before, x), history, index, own_bias, residual=x
-        )
-        x = _norm_output(norm, before, out)
+        x = self._self_attention(
+            prepared, _norm_input(norm, before, x), history, index, own_bias,
+            residual=x, post=_post_norm(norm, before),
+        )  # fmt: skip
         norm = layer.encoder_attn_layer_norm
         need_attn = index == self.alignment_layer
-        out, attn = _cross_attention(
-            prepared, _norm_input(norm, before, x), groups, index, need_attn, residual=x
-        )
-        return _feed_forward(layer, prepared, _norm_output(norm, before, out)), attn
+        x, attn = _cross_attention(
+            prepared, _norm_input(norm, before, x), groups, index, need_attn,
+            residual=x, post=_post_norm(norm, before),
+        )  # fmt: skip
+        return _feed_forward(layer, prepared, x), attn
 
     def _embed(self, tokens: Tensor) -> Tensor:
         """fairseq's embedding of each row's last token at its own position: ``[rows, embed]``."""
@@ -296,18 +297,20 @@ class MixedStepTransformerDecoder(nn.Module):
         layer: int,
         bias: Tensor,
         residual: Tensor,
+        post: nn.LayerNorm | None,
     ) -> Tensor:
         """``residual`` plus fairseq's incremental self-attention of ``x`` ``[rows, embed]``
         over each row's history (its keys and values at ``history[2 * layer]``, ``[2 * layer +
-        1]``; this step's written in the last column); ``bias`` -inf at padding, ``[rows,
-        width]`` for our kernel, ``[rows x heads, 1, width]`` for torch's products."""
+        1]``; this step's written in the last column), normed by ``post`` if given; ``bias``
+        -inf at padding, ``[rows, width]`` for our kernel, ``[rows x heads, 1, width]`` for
+        torch's products."""
         rows, embed = x.shape
         heads, head_dim = self.heads, self.head_dim
         qkv = prepared.self_qkv(x)
         if bias.dim() == 2:
             keys, values = history[2 * layer], history[2 * layer + 1]
             context = float_attention.self_attention(qkv, keys, values, bias)
-            return prepared.self_out.plus(context, residual)
+            return prepared.self_out.plus(context, residual, post)
         history[2 * layer : 2 * layer + 2, :, :, -1] = (
             qkv[:, embed:].view(rows, 2, heads, head_dim).transpose(0, 1)
         )
@@ -316,7 +319,7 @@ class MixedStepTransformerDecoder(nn.Module):
         values = history[2 * layer + 1].flatten(0, 1)
         query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
         context, _ = _attend(bias, query, keys.transpose(1, 2), values)
-        return prepared.self_out.plus(context.view(rows, embed), residual)
+        return prepared.self_out.plus(context.view(rows, embed), residual, post)
 
     def reorder_incremental_state(
         self, incremental_state: dict[str, Any], new_order: Tensor, fresh_rows: int = 0
@@ -333,9 +336,10 @@ def _encoder_layer(
     ``[sentences, 1, 1, src]``: -inf at padding."""
     before, norm = layer.normalize_before, layer.self_attn_layer_norm
     out = _encoder_self_attention(
-        layer.self_attn, prepared, _norm_input(norm, before, x), bias, sentences, residual=x
-    )
-    return _feed_forward(layer, prepared, _norm_output(norm, before, out))
+        layer.self_attn, prepared, _norm_input(norm, before, x), bias, sentences,
+        residual=x, post=_post_norm(norm, before),
+    )  # fmt: skip
+    return _feed_forward(layer, prepared, out)
 
 
 def _norm_input(norm: nn.LayerNorm, before: bool, x: Tensor) -> Tensor:
@@ -343,16 +347,18 @@ def _norm_input(norm: nn.LayerNorm, before: bool, x: Tensor) -> Tensor:
     return _norm(norm, x) if before else x
 
 
-def _norm_output(norm: nn.LayerNorm, before: bool, out: Tensor) -> Tensor:
-    """A residual sublayer's output (residual added): normed in a post-norm layer."""
-    return out if before else _norm(norm, out)
+def _post_norm(norm: nn.LayerNorm, before: bool) -> nn.LayerNorm | None:
+    """The norm of a residual sublayer's output (residual added): a post-norm layer's, which its
+    last product applies."""
+    return None if before else norm
 
 
 def _feed_forward(layer: nn.Module, prepared: LayerWeights, x: Tensor) -> Tensor:
-    """fairseq's feed-forward sublayer, the residual added inside the second product."""
+    """fairseq's feed-forward sublayer, the residual added (and a post-norm applied) inside the
+    second product."""
     before, norm = layer.normalize_before, layer.final_layer_norm
     hidden = _hidden(layer.activation_fn, prepared.fc1, _norm_input(norm, before, x))
-    return _norm_output(norm, before, prepared.fc2.plus(hidden, x))
+    return prepared.fc2.plus(hidden, x, _post_norm(norm, before))
 
 
 def _encoder_self_attention(
@@ -362,9 +368,10 @@ def _encoder_self_attention(
     bias: Tensor,
     sentences: int,
     residual: Tensor,
+    post: nn.LayerNorm | None,
 ) -> Tensor:
     """``residual`` plus fairseq's self-attention of every source position over its sentence's
-    unpadded positions."""
+    unpadded positions, normed by ``post`` if given."""
     heads, head_dim = attention.num_heads, attention.head_dim
     tokens, embed = x.shape
     src = tokens // sentences
@@ -375,7 +382,7 @@ def _encoder_self_attention(
     pad = bias.expand(sentences, heads, 1, src).reshape(sentences * heads, 1, src)
     context, _ = _attend(pad, query, keys, values)
     context = context.view(sentences, heads, src, head_dim).transpose(1, 2)
-    return prepared.self_out.plus(context.reshape(tokens, embed), residual)
+    return prepared.self_out.plus(context.reshape(tokens, embed), residual, post)
 
 
 def _attend(bias: Tensor, query: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -411,16 +418,19 @@ def _cross_attention(
     layer: int,
     need_weights: bool,
     residual: Tensor,
+    post: nn.LayerNorm | None,
 ) -> tuple[Tensor, Tensor | None]:
-    """``residual`` plus fairseq's encoder-decoder attention of ``x`` ``[rows, embed]``: each
-    group of rows (its sentences' memory, its rows, sentence-major, and their padding bias for
-    torch's products, None for our kernel) reads its sentences' keys and values. The weights,
-    averaged over heads, come back ``[rows, 1, src]``, groups left-padded to the widest."""
+    """``residual`` plus fairseq's encoder-decoder attention of ``x`` ``[rows, embed]``, normed
+    by ``post`` if given: each group of rows (its sentences' memory, its rows, sentence-major,
+    and their padding bias for torch's products, None for our kernel) reads its sentences' keys
+    and values. The weights, averaged over heads, come back ``[rows, 1, src]``, groups
+    left-padded to the widest."""
     q = prepared.cross_query(x)
     weights: list[Tensor] = []
     in_kernel = groups[0][2] is None
     attend = _cross_attention_in_kernel if in_kernel else _cross_attention_in_torch
-    out = prepared.cross_out.plus(attend(q, groups, layer, need_weights, weights), residual)
+    context = attend(q, groups, layer, need_weights, weights)
+    out = prepared.cross_out.plus(context, residual, post)
     if not need_weights:
         return out, None
     widest = max(w.size(-1) for w in weights)

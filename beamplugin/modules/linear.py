@@ -212,14 +212,24 @@ def packed_product(
     bias: Tensor | None,
     relu: bool = False,
     residual: Tensor | None = None,
+    norm: nn.LayerNorm | None = None,
 ) -> Tensor:
     """``x @ W.T + bias`` (``x`` 2-D) on :func:`pack_weight`'s ``W``, then ``relu`` or plus
-    ``residual``, in one call."""
+    ``residual``, in one call; then ``norm`` (in that call too on our kernel)."""
     if isinstance(packed, Panels):
-        return float_products.product(x, packed, bias, residual, relu)
+        if norm is not None and norm.weight is not None and norm.bias is not None:
+            affine = (norm.weight, norm.bias, norm.eps)
+            return float_products.product(x, packed, bias, residual, relu, affine)
+        return _normed(float_products.product(x, packed, bias, residual, relu), norm)
     if residual is not None:
-        return _onednn_linear_binary(x, residual, packed, bias, "add")
-    return _onednn_linear(x, packed, bias, "relu" if relu else "none", [], "")
+        return _normed(_onednn_linear_binary(x, residual, packed, bias, "add"), norm)
+    return _normed(_onednn_linear(x, packed, bias, "relu" if relu else "none", [], ""), norm)
+
+
+def _normed(x: Tensor, norm: nn.LayerNorm | None) -> Tensor:
+    if norm is None:
+        return x
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
 class PreparedLinear(NamedTuple):
@@ -249,13 +259,14 @@ class PreparedLinear(NamedTuple):
             return int8_linear(x, self.int8, relu=True)
         return self._unfused(x).relu_()
 
-    def plus(self, x: Tensor, other: Tensor) -> Tensor:
-        """``self(x) + other`` (a residual), the sum in the product's call (same bits)."""
+    def plus(self, x: Tensor, other: Tensor, norm: nn.LayerNorm | None = None) -> Tensor:
+        """``self(x) + other`` (a residual), the sum in the product's call (same bits); then
+        ``norm`` (a post-norm layer's), in that call too on our float32 kernel."""
         if self._on_packed(x):
-            return packed_product(x, self.packed, self.bias, residual=other)
+            return packed_product(x, self.packed, self.bias, residual=other, norm=norm)
         if self.int8 is not None:
-            return int8_linear(x, self.int8, residual=other)
-        return self._unfused(x).add_(other)
+            return _normed(int8_linear(x, self.int8, residual=other), norm)
+        return _normed(self._unfused(x).add_(other), norm)
 
     def _on_packed(self, x: Tensor) -> bool:
         """Whether ``x`` (2-D) goes through the packed weight (no int8, same dtype, inference)."""

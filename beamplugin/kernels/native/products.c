@@ -8,6 +8,7 @@
  * alone or batched. Vectors are GCC's (compiled with -march for this CPU): 16 floats are one
  * AVX-512 register or two AVX2 ones. docs/speed.md has the measurements behind it.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -62,11 +63,55 @@ static inline __attribute__((always_inline)) void rows_of_panel(
     }
 }
 
+/* 16 lanes summed in halves, a fixed order */
+static inline float lanes_sum(v16 v)
+{
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef float v4 __attribute__((vector_size(16)));
+    v8 half = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
+            + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3)
+               + __builtin_shufflevector(half, half, 4, 5, 6, 7);
+    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+}
+
+/* layer norm of each row of y (n wide) in place: (y - mean) / sqrt(var + eps) * gamma + beta,
+ * mean and variance over the row, the sums in a fixed order of 16 lanes */
+static void normalize_rows(float *y, int64_t ldy, int64_t m, int64_t n, const float *gamma,
+                           const float *beta, float eps, int threads)
+{
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && m > 1)
+    for (int64_t r = 0; r < m; r++) {
+        float *row = y + r * ldy;
+        v16 acc = {0};
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16)
+            acc += load16(row + j);
+        float sum = lanes_sum(acc);
+        for (; j < n; j++)
+            sum += row[j];
+        float mean = sum / (float)n;
+        v16 sq = {0};
+        for (j = 0; j + 16 <= n; j += 16) {
+            v16 d = load16(row + j) - mean;
+            sq += d * d;
+        }
+        float squares = lanes_sum(sq);
+        for (; j < n; j++)
+            squares += (row[j] - mean) * (row[j] - mean);
+        float rstd = 1.0f / sqrtf(squares / (float)n + eps);
+        for (j = 0; j < n; j++)
+            row[j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
+    }
+}
+
 /* x: m x k_len (row stride ldx); panels: ceil(n / 32) x k_len x 32; bias: n, or NULL;
- * residual: m x n (row stride ldr), or NULL; y: m x n (row stride ldy). */
+ * residual: m x n (row stride ldr), or NULL; y: m x n (row stride ldy); gamma, beta: n, or
+ * NULL: then each row of y layer-normed (after the residual). */
 void products(const float *x, int64_t ldx, const float *panels, const float *bias,
               const float *residual, int64_t ldr, float *y, int64_t ldy,
-              int64_t m, int64_t n, int64_t k_len, int relu, int threads)
+              int64_t m, int64_t n, int64_t k_len, int relu, const float *gamma,
+              const float *beta, float eps, int threads)
 {
     int64_t count = (n + NR - 1) / NR;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
@@ -91,4 +136,6 @@ void products(const float *x, int64_t ldx, const float *panels, const float *bia
         default: break;
         }
     }
+    if (gamma)
+        normalize_rows(y, ldy, m, n, gamma, beta, eps, threads);
 }
