@@ -142,13 +142,19 @@ def test_a_sentences_cross_attention_has_the_same_bits_alone_and_batched():
 def test_bad_layouts_are_refused():
     keys, values = history(2, 16)
     qkv, bias = torch.randn(2, 3 * EMBED), own_steps_bias([1, 2], 16)
+    strided = torch.randn(2, 2, HEADS, 16, 2 * HEAD_DIM)[..., ::2]  # dimensions 2 floats apart
     with pytest.raises(ValueError, match="head_dim floats apart"):
-        float_attention.self_attention(qkv, keys.transpose(2, 3), values, bias)
+        float_attention.self_attention(qkv, strided[0], strided[1], bias)
     with pytest.raises(ValueError, match="contiguous"):
         float_attention.self_attention(qkv, keys, values, bias.t().contiguous().t())
+    with pytest.raises(ValueError, match="differ"):
+        float_attention.self_attention(qkv[:, :-1], keys, values, bias)
     k, v, b = pool_memory(2, 8, 16)
     with pytest.raises(ValueError, match="as many for each sentence"):
         float_attention.cross_attention(torch.randn(3, EMBED), k, v, b, torch.empty(3, EMBED), 0)
+    with pytest.raises(ValueError, match="other shapes"):
+        float_attention.cross_attention(torch.randn(4, EMBED), k, v[:, :, 1:], b,
+                                        torch.empty(4, EMBED), 0)  # fmt: skip
 
 
 def test_without_the_kernel_the_attention_is_not_served(monkeypatch, tmp_path):

@@ -92,6 +92,17 @@ def test_strided_inputs_and_a_wrong_width():
     assert torch.equal(out, float_products.product(x.contiguous(), packed, bias) + residual)
     with pytest.raises(ValueError, match="48"):
         float_products.product(torch.randn(3, 47), packed, bias)
+    # what the kernel would read past, refused
+    with pytest.raises(ValueError, match="residual"):
+        float_products.product(x, packed, bias, residual=torch.randn(9, 63))
+    with pytest.raises(ValueError, match="64 .*elements"):
+        float_products.product(x, packed, bias[:-1])
+    with pytest.raises(ValueError, match="64 .*elements"):
+        float_products.product(x, packed, bias, norm=(torch.ones(32), torch.zeros(64), 1e-5))
+    with pytest.raises(ValueError, match="float32"):
+        float_products.product(x.double(), packed, bias)
+    with pytest.raises(ValueError, match="2-D"):
+        float_products.product(x[None], packed, bias)
 
 
 @needs_compiler

@@ -57,6 +57,8 @@ def self_attention(qkv: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> T
     kernels = _kernels()
     assert kernels is not None, "check serves() first"
     rows, heads, width, head_dim = keys.shape
+    if values.shape != keys.shape or qkv.shape != (rows, 3 * heads * head_dim):
+        raise ValueError(f"qkv {tuple(qkv.shape)}, keys and values {tuple(keys.shape)} differ")
     if keys.stride()[2:] != (head_dim, 1) or values.stride() != keys.stride():
         raise ValueError("the history's columns must be head_dim floats apart")
     if qkv.stride(1) != 1 or not bias.is_contiguous() or bias.shape != (rows, width):
@@ -94,6 +96,10 @@ def cross_attention(
     assert kernels is not None, "check serves() first"
     sentences, heads, head_dim, src = keys.shape
     rows = query.size(0)
+    if values.shape != (sentences, heads, src, head_dim) or bias.shape != (sentences, 1, 1, src):
+        raise ValueError(f"keys {tuple(keys.shape)}, values and bias of other shapes")
+    if query.size(1) != heads * head_dim or out.shape != query.shape:
+        raise ValueError(f"query and out must be [rows, {heads * head_dim}]")
     if keys.stride(3) != 1 or values.stride()[2:] != (head_dim, 1) or bias.stride(3) != 1:
         raise ValueError("the source positions of keys, values and bias must be consecutive")
     if query.stride(1) != 1 or out.stride() != (heads * head_dim, 1) or rows % sentences:

@@ -67,17 +67,13 @@ def product(
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("native products are unavailable")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    rows, inner = x.shape
     out = weight.out_features
+    normed = () if norm is None else (norm[0].contiguous(), norm[1].contiguous())
+    x, bias, residual = native_library.operands(x, out, bias, residual, *normed)
+    rows, inner = x.shape
     if weight.values.size(1) != inner:
         raise ValueError(f"input has {inner} features, the weight takes {weight.values.size(1)}")
     y = x.new_empty((rows, out))  # a tensor subclass of x carries over, as through torch ops
-    if residual is not None and residual.stride(-1) != 1:
-        residual = residual.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
     kernel(
         x.data_ptr(),
         x.stride(0),
@@ -91,8 +87,8 @@ def product(
         out,
         inner,
         int(relu),
-        None if norm is None else norm[0].data_ptr(),
-        None if norm is None else norm[1].data_ptr(),
+        normed[0].data_ptr() if normed else None,
+        normed[1].data_ptr() if normed else None,
         0.0 if norm is None else norm[2],
         threads_for(rows * out * inner),
     )

@@ -75,15 +75,12 @@ def product(
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("native int8 products are unavailable")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
+    out = weight.out_features
+    x, bias, residual = native_library.operands(x, out, bias, residual, channel_scales)
     rows, inner = x.shape
     if inner != weight.in_features:
         raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")
-    out = weight.out_features
     y = x.new_empty((rows, out))
-    if residual is not None and residual.stride(-1) != 1:
-        residual = residual.contiguous()
     failed = kernel(
         x.data_ptr(),
         x.stride(0),

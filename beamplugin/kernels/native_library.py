@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,34 @@ def threads_for(work: int) -> int:
     """The threads a kernel call of ``work`` multiply-adds takes: torch's, or 1 below
     :data:`PARALLEL_WORK`."""
     return torch.get_num_threads() if work >= PARALLEL_WORK else 1
+
+
+def operands(
+    x: Tensor, out: int, bias: Tensor | None, residual: Tensor | None, *vectors: Tensor
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """A product's operands as a kernel reads them through raw pointers: ``x`` ``[rows, in]``
+    and ``residual`` ``[rows, out]`` with contiguous rows, ``bias`` and ``vectors`` ``out``
+    contiguous floats, float32 on the CPU (``x`` checked: the others come from the same model);
+    a ValueError for anything else, as a kernel would read past them. Straight-line checks: this
+    runs at every product of a decoder step."""
+    if x.dtype is not torch.float32 or not x.is_cpu or x.dim() != 2:
+        raise ValueError(f"native products take 2-D float32 CPU inputs, not {x.dtype} {x.shape}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if bias is not None:
+        if bias.numel() != out:
+            raise ValueError(f"biases, scales and norm weights must have {out} elements")
+        if not bias.is_contiguous():
+            bias = bias.contiguous()
+    if residual is not None:
+        if residual.shape != (x.size(0), out):
+            raise ValueError(f"the residual is {tuple(residual.shape)}, not {(x.size(0), out)}")
+        if residual.stride(1) != 1:
+            residual = residual.contiguous()
+    for vector in vectors:
+        if vector.numel() != out or not vector.is_contiguous():
+            raise ValueError(f"biases, scales and norm weights must have {out} contiguous elements")
+    return x, bias, residual
 
 
 @functools.cache
