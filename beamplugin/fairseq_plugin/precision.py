@@ -1,8 +1,8 @@
 """The precision models decode in: float32, bfloat16, float16, or float32 with int8 products.
 
 The models compute in the chosen precision: their parameters are cast once, and the weights
-they derive for inference (folded weight norm, linearized convolutions, oneDNN's packed layout,
-see beamplugin.modules.linear.InferenceCache) are then made once from those, in that precision.
+they derive for inference (folded weight norm, linearized convolutions, packed layouts, see
+beamplugin.modules.linear.InferenceCache) are then made once from those, in that precision.
 The search itself stays in float32 whatever the models compute in: every step's logits are
 widened to float32 before the temperature and the log-softmax (beamplugin.engine.ensemble), so
 cumulative scores, length normalisation and the stop tests are float32.

@@ -4,8 +4,8 @@ Per layer, the self-attention's query, key and value projections are one product
 stacked), and every query projection carries fairseq's scaling (``head_dim ** -0.5``) folded
 in; the keys and values that every decoder layer's cross-attention reads from the encoder
 output are one product too. Every product is a :class:`~beamplugin.modules.linear.PreparedLinear`
-(oneDNN's packing; int8 values for the decoder's under ``--int8``). Scores differ from
-fairseq's only in float rounding.
+(packed for our kernel or oneDNN's; int8 values for the decoder's under ``--int8``). Scores
+differ from fairseq's only in float rounding.
 
 The prepared weights are checked, not on every step, but when :meth:`TransformerWeights.current`
 is called (once per encoder forward: every sentence is encoded before it decodes). They are made

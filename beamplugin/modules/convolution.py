@@ -37,10 +37,10 @@ class TBCConvolution(FoldedWeightNorm):
         """Output frame t sees input frames t - frames_before ... t - frames_before + width - 1.
 
         In inference, one product of every output frame's window of input frames (time, batch,
-        (frame, channel)) with the linearized weight: on oneDNN's packed weight (about twice as
-        fast as conv_tbc's MKL products on the CPUs measured) each frame gets the same bits
-        whatever sentences share the batch, and in int8 each window is quantized on its own
-        (torch has no int8 conv_tbc). Training keeps conv_tbc (autograd)."""
+        (frame, channel)) with the linearized weight: on a packed weight (our kernel's or
+        oneDNN's, about twice as fast as conv_tbc's MKL products on the CPUs measured) each frame
+        gets the same bits whatever sentences share the batch, and in int8 each window is
+        quantized on its own (torch has no int8 conv_tbc). Training keeps conv_tbc (autograd)."""
         if torch.is_grad_enabled():
             padding = max(frames_before, self.kernel_size - 1 - frames_before)
             out = torch.conv_tbc(x.contiguous(), self.weight, self.bias, padding)

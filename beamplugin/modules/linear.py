@@ -335,8 +335,8 @@ class InferenceCache(nn.Module):
         self, x: Tensor, weight: Tensor, bias: Tensor | None, name: str = "weight"
     ) -> Tensor:
         """:func:`linear` of ``weight`` (this module's, or derived from its parameters and
-        cached under ``name``), whose oneDNN packing is kept; with int8 products on, a large
-        weight's :func:`int8_linear` instead, its int8 packing kept."""
+        cached under ``name``), whose :func:`pack_weight` is kept; with int8 products on, a
+        large weight's :func:`int8_linear` instead, its int8 packing kept."""
         if self.multiplies_in_int8(weight):
             packed = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
             return int8_linear(x, packed)
