@@ -84,15 +84,20 @@ def threads_for(work: int) -> int:
 
 
 def operands(
-    x: Tensor, out: int, bias: Tensor | None, residual: Tensor | None, *vectors: Tensor
+    x: Tensor,
+    out: int,
+    bias: Tensor | None,
+    residual: Tensor | None,
+    *vectors: Tensor,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """A product's operands as a kernel reads them through raw pointers: ``x`` ``[rows, in]``
     and ``residual`` ``[rows, out]`` with contiguous rows, ``bias`` and ``vectors`` ``out``
-    contiguous floats, float32 on the CPU (``x`` checked: the others come from the same model);
-    a ValueError for anything else, as a kernel would read past them. Straight-line checks: this
-    runs at every product of a decoder step."""
-    if x.dtype is not torch.float32 or not x.is_cpu or x.dim() != 2:
-        raise ValueError(f"native products take 2-D float32 CPU inputs, not {x.dtype} {x.shape}")
+    contiguous elements, ``dtype`` on the CPU (``x`` checked: the others come from the same
+    model); a ValueError for anything else, as a kernel would read past them. Straight-line
+    checks: this runs at every product of a decoder step."""
+    if x.dtype is not dtype or not x.is_cpu or x.dim() != 2:
+        raise ValueError(f"this kernel takes 2-D {dtype} CPU inputs, not {x.dtype} {x.shape}")
     if x.stride(1) != 1:
         x = x.contiguous()
     if bias is not None:

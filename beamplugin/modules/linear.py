@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.kernels import float_products, int8_products
+from beamplugin.kernels import bf16_products, float_products, int8_products
+from beamplugin.kernels.bf16_products import BF16Panels
 from beamplugin.kernels.float_products import Panels
 from beamplugin.kernels.int8_products import Int8Panels
 
@@ -159,7 +160,7 @@ def int8_linear(
     return out.view(*x.shape[:-1], weight.values.size(0))
 
 
-PackedWeight = Panels | Tensor  # our kernel's panels, or oneDNN's layout
+PackedWeight = Panels | BF16Panels | Tensor  # our kernels' panels, or oneDNN's layout
 
 
 @functools.cache
@@ -167,6 +168,8 @@ def packed_dtypes() -> frozenset[torch.dtype]:
     """The dtypes whose products run on packed weights: float32 where our kernel is built (it
     is compiled on first use), and :data:`ONEDNN_DTYPES`."""
     ours = {torch.float32} if float_products.available() else set()
+    if bf16_products.available():
+        ours.add(torch.bfloat16)
     return ONEDNN_DTYPES | ours
 
 
@@ -199,10 +202,13 @@ def linear(
 
 
 def pack_weight(weight: Tensor) -> PackedWeight | None:
-    """``weight`` laid out for :func:`packed_product`: our kernel's panels for float32 where it
-    is built, else oneDNN's layout (None where torch has no packing)."""
+    """``weight`` laid out for :func:`packed_product`: our kernels' panels for float32 where
+    they are built and for bfloat16 on AVX512-BF16 CPUs, else oneDNN's layout (None where torch
+    has no packing)."""
     if weight.dtype == torch.float32 and float_products.available():
         return float_products.pack(weight)
+    if weight.dtype == torch.bfloat16 and bf16_products.available():
+        return bf16_products.pack(weight)
     return None if _onednn_pack is None else _onednn_pack(weight, None)
 
 
@@ -221,6 +227,8 @@ def packed_product(
             affine = (norm.weight, norm.bias, norm.eps)
             return float_products.product(x, packed, bias, residual, relu, affine)
         return _normed(float_products.product(x, packed, bias, residual, relu), norm)
+    if isinstance(packed, BF16Panels):
+        return _normed(bf16_products.product(x, packed, bias, residual, relu), norm)
     if residual is not None:
         return _normed(_onednn_linear_binary(x, residual, packed, bias, "add"), norm)
     return _normed(_onednn_linear(x, packed, bias, "relu" if relu else "none", [], ""), norm)
