@@ -34,7 +34,7 @@ setup(
     python_requires=">=3.11",
     package_data={
         "beamplugin.serving": ["page.html", "docs.html"],
-        "beamplugin.kernels": ["native/*.c"],  # compiled on first use (kernels/native_library.py)
+        "beamplugin.kernels": ["native/*.c", "native/*.h"],  # compiled on first use
     },
     install_requires=INSTALL_REQUIRES,
     extras_require={

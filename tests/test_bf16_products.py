@@ -1,4 +1,4 @@
-"""Our bfloat16 kernel (beamplugin/kernels/native/bf16_products.c, AVX512-BF16 CPUs): products
+"""Our bfloat16 kernel (beamplugin/kernels/native/float_products.c, AVX512-BF16 CPUs): products
 within bfloat16's rounding of float64's, a row's bits independent of its batch and the threads,
 relu as the unfused operation gives it, the residual added before the one rounding."""
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from beamplugin.kernels import bf16_products
+from beamplugin.kernels import float_products
 from beamplugin.modules import linear
 
 needs_kernel = pytest.mark.skipif(
-    not bf16_products.available(), reason="no AVX512-BF16 or no C compiler here"
+    not float_products.available(torch.bfloat16), reason="no AVX512-BF16 or no C compiler here"
 )
 SHAPES = [(1032, 256), (256, 256), (256, 1024), (37, 101), (1, 3)]
 
@@ -21,35 +21,35 @@ def test_products_round_once_to_bfloat16(shape):
     torch.manual_seed(0)
     weight, bias = (torch.randn(shape) * 0.1).bfloat16(), torch.randn(shape[0]).bfloat16()
     packed = linear.pack_weight(weight)
-    assert isinstance(packed, bf16_products.BF16Panels)
+    assert isinstance(packed, float_products.Panels)
     x, residual = torch.randn(37, shape[1]).bfloat16(), torch.randn(37, shape[0]).bfloat16()
-    out = bf16_products.product(x, packed, bias)
+    out = float_products.product(x, packed, bias)
     exact = F.linear(x.double(), weight.double(), bias.double())
     assert out.dtype == torch.bfloat16 and out.shape == (37, shape[0])
     # within one bfloat16 rounding (8 bits) of the float64 product, float32 sums aside
     torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-3)
-    summed = bf16_products.product(x, packed, bias, residual=residual)
+    summed = float_products.product(x, packed, bias, residual=residual)
     torch.testing.assert_close(summed.double(), exact + residual.double(), rtol=2**-8, atol=1e-3)
-    assert torch.equal(bf16_products.product(x, packed, bias, relu=True), out.relu())
+    assert torch.equal(float_products.product(x, packed, bias, relu=True), out.relu())
 
 
 @needs_kernel
 def test_a_rows_bits_do_not_depend_on_its_batch_or_the_threads():
     torch.manual_seed(1)
     weight, bias = (torch.randn(1032, 256) * 0.1).bfloat16(), torch.randn(1032).bfloat16()
-    packed = bf16_products.pack(weight)
+    packed = float_products.pack(weight)
     x = torch.randn(320, 256).bfloat16()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        everything = bf16_products.product(x, packed, bias)
+        everything = float_products.product(x, packed, bias)
         torch.set_num_threads(2)
-        assert torch.equal(bf16_products.product(x, packed, bias), everything)
+        assert torch.equal(float_products.product(x, packed, bias), everything)
         for rows in (1, 2, 7, 8, 9, 40):
-            assert torch.equal(bf16_products.product(x[:rows], packed, bias), everything[:rows])
+            assert torch.equal(float_products.product(x[:rows], packed, bias), everything[:rows])
     finally:
         torch.set_num_threads(threads)
     with pytest.raises(ValueError, match="bfloat16"):
-        bf16_products.product(x.float(), packed, bias)
+        float_products.product(x.float(), packed, bias)
     with pytest.raises(ValueError, match="256"):
-        bf16_products.product(torch.randn(2, 255).bfloat16(), packed, bias)
+        float_products.product(torch.randn(2, 255).bfloat16(), packed, bias)

@@ -1,12 +1,14 @@
-"""Float32 matrix products on the CPU through our own kernel (``native/products.c``).
+"""Float32 and bfloat16 matrix products on the CPU through our own kernels
+(``native/products.c``; ``native/bf16_products.c`` on CPUs with AVX512-BF16).
 
 At a decoder step's few rows torch's products cost mostly their call: oneDNN's matmul takes
 about 12 us for any product, even 16 x 16, so a 3-layer transformer's 19 products a step spend
 some 0.2 ms in calls alone (MKL and OpenBLAS have less overhead but run 2-4 times slower here).
-This kernel is called through ctypes in about 1 us, reads each weight once from panels laid out
-for it, and as fast as oneDNN from about 40 rows (docs/speed.md). Each output element is summed
-in order over the inner dimension, so a row's result has the same bits whatever rows are beside
-it and whatever the number of threads.
+These kernels are called through ctypes in about 1 us, read each weight once from panels laid
+out for them, and are as fast as oneDNN from about 40 rows (docs/speed.md). Each output element
+is summed in order over the inner dimension, so a row's result has the same bits whatever rows
+are beside it and whatever the number of threads. bfloat16 products sum pairs into float32 and
+round once, as oneDNN's matmul with its post-ops does.
 """
 
 from __future__ import annotations
@@ -15,42 +17,62 @@ import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from beamplugin.kernels import native_library
 from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
-PANEL = 32  # output features a panel holds (products.c's NR)
+# x, its row stride, the panels, bias, residual, its row stride, y, its row stride, rows, out,
+# in, relu: the arguments both kernels begin with
+_PRODUCT = [POINTER, SIZE, POINTER, POINTER, POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, INT]
+# the inner positions each kernel reads side by side (vdpbf16ps multiplies bfloat16 pairs)
+_GROUP = {torch.float32: 1, torch.bfloat16: 2}
 
 
 class Panels(NamedTuple):
-    """A weight ``[out, in]`` packed for :func:`product`: ``[ceil(out / 32), in, 32]``."""
+    """A float32 or bfloat16 weight ``[out, in]`` packed for :func:`product`
+    (:func:`beamplugin.kernels.native_library.panels`)."""
 
     values: Tensor
     out_features: int
+    in_features: int
 
 
 @functools.cache
 def _kernel() -> Callable[..., Any] | None:
-    """products.c's ``products``, loaded once a process (None where it cannot be built)."""
-    signature = [POINTER, SIZE, POINTER, POINTER, POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE]
-    signature += [INT, POINTER, POINTER, FLOAT, INT]
+    """products.c's ``products`` (float32, a layer norm after it optional), loaded once a process
+    (None where it cannot be built)."""
+    signature = [*_PRODUCT, POINTER, POINTER, FLOAT, INT]  # + the norm's weight, bias, eps
     return native_library.function("products", "products", signature)
 
 
-def available() -> bool:
-    """Whether the kernel is built and loaded here (see beamplugin.kernels.native_library)."""
-    return _kernel() is not None
+@functools.cache
+def _bf16_kernel() -> Callable[..., Any] | None:
+    """bf16_products.c's ``bf16_products`` (None where it cannot be built or the CPU has no
+    AVX512-BF16)."""
+    native = native_library.function("bf16_products", "bf16_kernel_available", [], INT)
+    if native is None or not native():
+        return None
+    return native_library.function("bf16_products", "bf16_products", [*_PRODUCT, INT])
+
+
+def _kernel_for(dtype: torch.dtype) -> Callable[..., Any] | None:
+    if dtype == torch.float32:
+        return _kernel()
+    return _bf16_kernel() if dtype == torch.bfloat16 else None
+
+
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether products of ``dtype`` run on our kernel here (built and loaded: see
+    beamplugin.kernels.native_library)."""
+    return _kernel_for(dtype) is not None
 
 
 def pack(weight: Tensor) -> Panels:
-    """``weight`` (float32, ``[out, in]``) laid out in panels for :func:`product`."""
-    out_features, in_features = weight.shape
-    count = -(-out_features // PANEL)
-    padded = weight.new_zeros(count * PANEL, in_features)
-    padded[:out_features] = weight
-    values = padded.view(count, PANEL, in_features).transpose(1, 2).contiguous()
-    return Panels(values, out_features)
+    """``weight`` (float32 or bfloat16, ``[out, in]``) laid out in panels for :func:`product`."""
+    values = native_library.panels(weight, _GROUP[weight.dtype])
+    return Panels(values, *weight.shape)
 
 
 def product(
@@ -61,20 +83,23 @@ def product(
     relu: bool = False,
     norm: tuple[Tensor, Tensor, float] | None = None,
 ) -> Tensor:
-    """``x @ W.T + bias`` for ``x`` ``[rows, in]`` (float32, on CPU), then ``relu`` or plus
-    ``residual`` ``[rows, out]``, then, with ``norm`` (weight, bias, eps), a layer norm of each
-    row, as one call."""
-    kernel = _kernel()
+    """``x @ W.T + bias`` for ``x`` ``[rows, in]`` (the weight's dtype, on the CPU), then
+    ``relu`` or plus ``residual`` ``[rows, out]``, then, with ``norm`` (weight, bias, eps; float32
+    only), a layer norm of each row, as one call."""
+    dtype = weight.values.dtype
+    kernel = _kernel_for(dtype)
     if kernel is None:
-        raise RuntimeError("native products are unavailable")
+        raise RuntimeError(f"native {dtype} products are unavailable")
+    if norm is not None and dtype != torch.float32:
+        raise ValueError("only float32 products layer-norm in their call")
     out = weight.out_features
     normed = () if norm is None else (norm[0].contiguous(), norm[1].contiguous())
-    x, bias, residual = native_library.operands(x, out, bias, residual, *normed)
+    x, bias, residual = native_library.operands(x, out, bias, residual, *normed, dtype=dtype)
     rows, inner = x.shape
-    if weight.values.size(1) != inner:
-        raise ValueError(f"input has {inner} features, the weight takes {weight.values.size(1)}")
+    if inner != weight.in_features:
+        raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")
     y = x.new_empty((rows, out))  # a tensor subclass of x carries over, as through torch ops
-    kernel(
+    arguments = [
         x.data_ptr(),
         x.stride(0),
         weight.values.data_ptr(),
@@ -87,9 +112,12 @@ def product(
         out,
         inner,
         int(relu),
-        normed[0].data_ptr() if normed else None,
-        normed[1].data_ptr() if normed else None,
-        0.0 if norm is None else norm[2],
-        threads_for(rows * out * inner),
-    )
+    ]
+    if dtype == torch.float32:
+        arguments += [
+            normed[0].data_ptr() if normed else None,
+            normed[1].data_ptr() if normed else None,
+            0.0 if norm is None else norm[2],
+        ]
+    kernel(*arguments, threads_for(rows * out * inner))
     return y

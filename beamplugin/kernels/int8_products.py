@@ -52,12 +52,8 @@ def available() -> bool:
 
 def pack(values: Tensor) -> Int8Panels:
     """int8 ``values`` ``[out, in]`` laid out for :func:`product`."""
-    out_features, in_features = values.shape
-    panels, groups = -(-out_features // PANEL), -(-in_features // GROUP)
-    padded = values.new_zeros(panels * PANEL, groups * GROUP)
-    padded[:out_features, :in_features] = values
-    laid = padded.view(panels, PANEL, groups, GROUP).permute(0, 2, 1, 3).contiguous()
-    return Int8Panels(laid, values.sum(1, dtype=torch.int32), out_features, in_features)
+    laid = native_library.panels(values, GROUP, PANEL)
+    return Int8Panels(laid, values.sum(1, dtype=torch.int32), *values.shape)
 
 
 def product(

@@ -116,6 +116,17 @@ def operands(
     return x, bias, residual
 
 
+def panels(weight: Tensor, group: int, panel: int = 32) -> Tensor:
+    """``weight`` ``[out, in]`` laid out as our product kernels read it: ``[ceil(out / panel),
+    ceil(in / group), panel, group]``, ``group`` consecutive inner positions of a channel side by
+    side (1 for float32, 2 for bfloat16 pairs, 4 for int8 quadruples), zeros past its end."""
+    out_features, in_features = weight.shape
+    count, groups = -(-out_features // panel), -(-in_features // group)
+    padded = weight.new_zeros(count * panel, groups * group)
+    padded[:out_features, :in_features] = weight
+    return padded.view(count, panel, groups, group).permute(0, 2, 1, 3).contiguous()
+
+
 @functools.cache
 def _load(name: str, enabled: bool, compiler: str) -> ctypes.CDLL | None:
     if not enabled:
@@ -139,8 +150,10 @@ def _built(source: Path, compiler: str) -> Path:
         [path, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     key = hashlib.sha256()
-    for part in (source.read_bytes(), path.encode(), version.encode(), " ".join(FLAGS).encode()):
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]  # what sources include
+    for part in (source.read_bytes(), *headers, path.encode(), version.encode()):
         key.update(part)
+    key.update(" ".join(FLAGS).encode())
     key.update(cpu_flags().encode())
     folder = cache_folder()
     library = folder / f"{source.stem}-{key.hexdigest()[:16]}.so"

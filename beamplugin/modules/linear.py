@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.kernels import bf16_products, float_products, int8_products
-from beamplugin.kernels.bf16_products import BF16Panels
+from beamplugin.kernels import float_products, int8_products
 from beamplugin.kernels.float_products import Panels
 from beamplugin.kernels.int8_products import Int8Panels
 
@@ -160,16 +159,14 @@ def int8_linear(
     return out.view(*x.shape[:-1], weight.values.size(0))
 
 
-PackedWeight = Panels | BF16Panels | Tensor  # our kernels' panels, or oneDNN's layout
+PackedWeight = Panels | Tensor  # our kernels' panels, or oneDNN's layout
 
 
 @functools.cache
 def packed_dtypes() -> frozenset[torch.dtype]:
     """The dtypes whose products run on packed weights: float32 where our kernel is built (it
     is compiled on first use), and :data:`ONEDNN_DTYPES`."""
-    ours = {torch.float32} if float_products.available() else set()
-    if bf16_products.available():
-        ours.add(torch.bfloat16)
+    ours = {d for d in (torch.float32, torch.bfloat16) if float_products.available(d)}
     return ONEDNN_DTYPES | ours
 
 
@@ -205,10 +202,8 @@ def pack_weight(weight: Tensor) -> PackedWeight | None:
     """``weight`` laid out for :func:`packed_product`: our kernels' panels for float32 where
     they are built and for bfloat16 on AVX512-BF16 CPUs, else oneDNN's layout (None where torch
     has no packing)."""
-    if weight.dtype == torch.float32 and float_products.available():
+    if float_products.available(weight.dtype):
         return float_products.pack(weight)
-    if weight.dtype == torch.bfloat16 and bf16_products.available():
-        return bf16_products.pack(weight)
     return None if _onednn_pack is None else _onednn_pack(weight, None)
 
 
@@ -223,12 +218,11 @@ def packed_product(
     """``x @ W.T + bias`` (``x`` 2-D) on :func:`pack_weight`'s ``W``, then ``relu`` or plus
     ``residual``, in one call; then ``norm`` (in that call too on our kernel)."""
     if isinstance(packed, Panels):
-        if norm is not None and norm.weight is not None and norm.bias is not None:
+        in_call = packed.values.dtype == torch.float32 and norm is not None
+        if in_call and norm.weight is not None and norm.bias is not None:
             affine = (norm.weight, norm.bias, norm.eps)
             return float_products.product(x, packed, bias, residual, relu, affine)
         return _normed(float_products.product(x, packed, bias, residual, relu), norm)
-    if isinstance(packed, BF16Panels):
-        return _normed(bf16_products.product(x, packed, bias, residual, relu), norm)
     if residual is not None:
         return _normed(_onednn_linear_binary(x, residual, packed, bias, "add"), norm)
     return _normed(_onednn_linear(x, packed, bias, "relu" if relu else "none", [], ""), norm)

@@ -13,10 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+#include "vectors.h"
 
 /* exp(x) for x <= 0, 0 below -87.3 (-inf included) */
 static inline float exp_nonpositive(float x)
@@ -62,13 +59,7 @@ static inline float dot(const float *a, const float *b, int64_t n)
     int64_t d = 0;
     for (; d + 16 <= n; d += 16)
         acc += load16(a + d) * load16(b + d);
-    typedef float v8 __attribute__((vector_size(32)));
-    typedef float v4 __attribute__((vector_size(16)));
-    v8 half = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7)
-            + __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3)
-               + __builtin_shufflevector(half, half, 4, 5, 6, 7);
-    float s = (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+    float s = lanes_sum(acc);
     for (; d < n; d++)
         s += a[d] * b[d];
     return s;

@@ -23,9 +23,7 @@
 #define MR 3 /* 12 accumulators of 16 registers */
 #endif
 
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+#include "vectors.h"
 
 static inline __attribute__((always_inline)) void rows_of_panel(
     int rows, const float *x, int64_t ldx, const float *panel, int64_t k_len,
@@ -61,18 +59,6 @@ static inline __attribute__((always_inline)) void rows_of_panel(
             for (int64_t j = 0; j < width; j++) out[j] += residual[i * ldr + j];
         memcpy(y + i * ldy, out, width * sizeof(float));
     }
-}
-
-/* 16 lanes summed in halves, a fixed order */
-static inline float lanes_sum(v16 v)
-{
-    typedef float v8 __attribute__((vector_size(32)));
-    typedef float v4 __attribute__((vector_size(16)));
-    v8 half = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7)
-            + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 quarter = __builtin_shufflevector(half, half, 0, 1, 2, 3)
-               + __builtin_shufflevector(half, half, 4, 5, 6, 7);
-    return (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
 }
 
 /* layer norm of each row of y (n wide) in place: (y - mean) / sqrt(var + eps) * gamma + beta,
