@@ -73,9 +73,10 @@ class Products:
         original = getattr(PreparedLinear, name)
         products = self
 
-        def recorded(weights: PreparedLinear, *inputs: torch.Tensor) -> torch.Tensor:
+        def recorded(weights: PreparedLinear, *inputs: Any) -> torch.Tensor:
             if products.recording:
-                products.calls.append((original, (weights, *(t.clone() for t in inputs))))
+                copies = (t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+                products.calls.append((original, (weights, *copies)))
             return original(weights, *inputs)
 
         setattr(PreparedLinear, name, recorded)

@@ -1,7 +1,8 @@
 """Our attention kernel for a transformer decoder step (beamplugin/kernels/native/attention.c):
 fairseq's softmax(bias + q . K) V up to rounding, this step's key and value written into the
-history, a row's bits independent of the rows beside it, the masked columns before its own, the
-threads; and the decoder taking torch's operations where it cannot be built."""
+history, each row's columns read from the slots its table of sources names, a row's bits
+independent of the rows beside it, the masked columns before its own, the threads; and the
+decoder taking torch's operations where it cannot be built."""
 
 import math
 import os
@@ -36,6 +37,11 @@ def history(rows: int, width: int, columns: int = 64, seed: int = 0):
     return buffer[0, :, :, columns - width :], buffer[1, :, :, columns - width :]
 
 
+def own_slots(rows: int, width: int) -> torch.Tensor:
+    """Every column of row ``r`` in slot ``r``."""
+    return torch.arange(rows).view(rows, 1).expand(rows, width).contiguous()
+
+
 def own_steps_bias(steps: list[int], width: int) -> torch.Tensor:
     bias = torch.full((len(steps), width), -math.inf)
     for row, own in enumerate(steps):
@@ -44,19 +50,31 @@ def own_steps_bias(steps: list[int], width: int) -> torch.Tensor:
 
 
 @needs_compiler
-def test_self_attention_writes_this_step_and_attends_over_the_rows_own_columns():
-    rows, width = 7, 32
-    keys, values = history(rows, width)
+def test_self_attention_writes_this_step_and_attends_over_the_columns_its_sources_name():
+    rows, slots, width = 7, 10, 32
+    keys, values = history(slots, width)
     qkv = torch.randn(rows, 3 * EMBED)
     steps = [1, 2, 5, 9, 17, 31, 32]
     bias = own_steps_bias(steps, width)
-    out = float_attention.self_attention(qkv, keys, values, bias)
+    torch.manual_seed(4)
+    sources = torch.randint(0, slots, (rows, width))  # a reorder's ancestors, column by column
+    sources[:, -1] = torch.arange(rows)
+    before_keys, before_values = keys.clone(), values.clone()
+    out = float_attention.self_attention(qkv, keys, values, sources, bias)
     split = qkv.view(rows, 3, HEADS, HEAD_DIM)
-    assert torch.equal(keys[:, :, -1], split[:, 1]) and torch.equal(values[:, :, -1], split[:, 2])
+    assert torch.equal(keys[:rows, :, -1], split[:, 1])
+    assert torch.equal(values[:rows, :, -1], split[:, 2])
+    written = torch.zeros_like(keys, dtype=torch.bool)
+    written[:rows, :, -1] = True
+    assert torch.equal(keys[~written], before_keys[~written])  # nothing else written
+    assert torch.equal(values[~written], before_values[~written])
+    columns = torch.arange(width)
+    own_keys = keys.transpose(1, 2)[sources, columns].transpose(1, 2)  # rows, heads, width, dim
+    own_values = values.transpose(1, 2)[sources, columns].transpose(1, 2)
     expected, _ = reference(
         split[:, 0].reshape(-1, HEAD_DIM),
-        keys.reshape(rows * HEADS, width, HEAD_DIM),
-        values.reshape(rows * HEADS, width, HEAD_DIM),
+        own_keys.reshape(rows * HEADS, width, HEAD_DIM),
+        own_values.reshape(rows * HEADS, width, HEAD_DIM),
         bias.repeat_interleave(HEADS, 0),
     )
     torch.testing.assert_close(out.double(), expected.view(rows, EMBED), rtol=1e-5, atol=1e-5)
@@ -71,13 +89,15 @@ def test_a_rows_self_attention_has_the_same_bits_alone_batched_wider_and_threade
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        everything = float_attention.self_attention(qkv, keys, values, own_steps_bias(steps, 32))
+        everything = float_attention.self_attention(
+            qkv, keys, values, own_slots(rows, 32), own_steps_bias(steps, 32)
+        )
         torch.set_num_threads(2)
         for row, own in enumerate(steps):
             for wide in {lane for lane in (16, 32) if lane >= own}:
                 k, v = keys[row : row + 1, :, 32 - wide :], values[row : row + 1, :, 32 - wide :]
                 alone = float_attention.self_attention(
-                    qkv[row : row + 1], k, v, own_steps_bias([own], wide)
+                    qkv[row : row + 1], k, v, own_slots(1, wide), own_steps_bias([own], wide)
                 )
                 assert torch.equal(alone[0], everything[row]), (row, wide)
     finally:
@@ -142,13 +162,29 @@ def test_a_sentences_cross_attention_has_the_same_bits_alone_and_batched():
 def test_bad_layouts_are_refused():
     keys, values = history(2, 16)
     qkv, bias = torch.randn(2, 3 * EMBED), own_steps_bias([1, 2], 16)
+    sources = own_slots(2, 16)
     strided = torch.randn(2, 2, HEADS, 16, 2 * HEAD_DIM)[..., ::2]  # dimensions 2 floats apart
     with pytest.raises(ValueError, match="head_dim floats apart"):
-        float_attention.self_attention(qkv, strided[0], strided[1], bias)
+        float_attention.self_attention(qkv, strided[0], strided[1], sources, bias)
     with pytest.raises(ValueError, match="contiguous"):
-        float_attention.self_attention(qkv, keys, values, bias.t().contiguous().t())
+        float_attention.self_attention(qkv, keys, values, sources, bias.t().contiguous().t())
     with pytest.raises(ValueError, match="differ"):
-        float_attention.self_attention(qkv[:, :-1], keys, values, bias)
+        float_attention.self_attention(qkv[:, :-1], keys, values, sources, bias)
+    with pytest.raises(ValueError, match="int64"):
+        float_attention.self_attention(qkv, keys, values, sources.int(), bias)
+    for outside in (2, -1):  # no slot: the kernel would read outside the history
+        bad = sources.clone()
+        bad[1, 3] = outside
+        with pytest.raises(ValueError, match="must be slots"):
+            float_attention.self_attention(qkv, keys, values, bad, bias)
+    with pytest.raises(ValueError, match="rows 2 at most"):  # more rows than slots to write
+        float_attention.self_attention(
+            torch.randn(3, 3 * EMBED),
+            keys,
+            values,
+            own_slots(3, 16) % 2,
+            own_steps_bias([1] * 3, 16),
+        )
     k, v, b = pool_memory(2, 8, 16)
     with pytest.raises(ValueError, match="as many for each sentence"):
         float_attention.cross_attention(torch.randn(3, EMBED), k, v, b, torch.empty(3, EMBED), 0)

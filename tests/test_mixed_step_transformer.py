@@ -15,7 +15,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from beamplugin import SequenceGenerator
 from beamplugin.kernels import float_attention, float_products, native_library
 from beamplugin.models.mixed_step_transformer import MixedStepTransformer
-from beamplugin.modules import linear
+from beamplugin.modules import linear, self_attention_history
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,6 +81,30 @@ def test_torchs_operations_give_the_same_results(vocab, sentences, torch_kernels
     out, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
     assert_same([alone(gen, s) for s in sentences], out)
     assert engine.refills > 0
+
+
+@pytest.mark.parametrize("kernels", ["ours", "torch's"])
+def test_the_histories_moves_keep_fairseqs_results_and_each_sentences_bits(
+    vocab, sentences, monkeypatch, request, kernels
+):
+    """The self-attention history moves its live columns every other step here (every 32 in
+    use), through reorders and rows joining."""
+    if kernels == "torch's":
+        request.getfixturevalue("torch_kernels_only")
+    monkeypatch.setattr(self_attention_history, "MOVE_EVERY", 2)
+    model = build_transformer(vocab, 1)
+    options = dict(beam_size=4, max_len_b=20)
+    gen = SequenceGenerator([model], vocab, **options)
+    sample = make_batch(vocab, 8, seed=3)
+    expected = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    assert_same(expected, gen.generate([model], sample))
+    alone_results = [alone(gen, s) for s in sentences]
+    out, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
+    assert engine.refills > 0
+    for ours, theirs in zip(out, alone_results, strict=True):
+        for o, t in zip(ours, theirs, strict=True):
+            assert torch.equal(o["tokens"], t["tokens"])
+            assert torch.equal(o["positional_scores"], t["positional_scores"])
 
 
 def test_a_variant_not_reproduced_decodes_batch_after_batch_and_says_why(

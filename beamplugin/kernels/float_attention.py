@@ -11,6 +11,7 @@ batched.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -26,11 +27,11 @@ from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
 def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """attention.c's ``self_attention`` and ``cross_attention`` (None where it cannot be
     built)."""
-    own = [POINTER, SIZE, POINTER, POINTER, SIZE, SIZE, POINTER, POINTER, POINTER]
-    own += [SIZE, SIZE, SIZE, SIZE, INT]
+    own = [POINTER, SIZE, POINTER, POINTER, SIZE, SIZE, POINTER, SIZE, POINTER, POINTER]
+    own += [POINTER, SIZE, SIZE, SIZE, SIZE, INT]
     cross = [POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, POINTER, SIZE, SIZE, POINTER, SIZE]
     cross += [POINTER, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, INT]
-    self_attention = native_library.function("attention", "self_attention", own)
+    self_attention = native_library.function("attention", "self_attention", own, ctypes.c_int)
     cross_attention = native_library.function("attention", "cross_attention", cross)
     if self_attention is None or cross_attention is None:
         return None
@@ -48,29 +49,41 @@ def serves(x: Tensor) -> bool:
     )
 
 
-def self_attention(qkv: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+def self_attention(
+    qkv: Tensor, keys: Tensor, values: Tensor, sources: Tensor, bias: Tensor
+) -> Tensor:
     """fairseq's incremental self-attention of each row of ``qkv`` ``[rows, 3 x embed]`` (its
-    scaled query, key and value) over its history ``keys``, ``values`` ``[rows, heads, width,
-    head_dim]`` (a layer's, columns ``head_dim`` apart): this step's key and value are written
-    into the last column first. ``bias`` ``[rows, width]``: 0, or -inf where masked. Returns the
-    context ``[rows, embed]``."""
+    scaled query, key and value) over its history: ``keys``, ``values`` ``[slots, heads, width,
+    head_dim]`` (a layer's, columns ``head_dim`` apart), row ``r``'s column ``j`` in slot
+    ``sources[r, j]`` (``[rows, width]`` int64); this step's key and value are written first
+    into slot ``r``'s last column, which must be row ``r``'s. ``bias`` ``[rows, width]``: 0, or
+    -inf where masked. Returns the context ``[rows, embed]``."""
     kernels = _kernels()
     assert kernels is not None, "check serves() first"
-    rows, heads, width, head_dim = keys.shape
+    slots, heads, width, head_dim = keys.shape
+    rows = qkv.size(0)
     if values.shape != keys.shape or qkv.shape != (rows, 3 * heads * head_dim):
         raise ValueError(f"qkv {tuple(qkv.shape)}, keys and values {tuple(keys.shape)} differ")
     if keys.stride()[2:] != (head_dim, 1) or values.stride() != keys.stride():
         raise ValueError("the history's columns must be head_dim floats apart")
     if qkv.stride(1) != 1 or not bias.is_contiguous() or bias.shape != (rows, width):
         raise ValueError("qkv's rows and the bias must be contiguous")
+    if (
+        sources.dtype != torch.int64
+        or not sources.is_contiguous()
+        or sources.shape != (rows, width)
+    ):
+        raise ValueError(f"sources must be [{rows}, {width}] contiguous int64")
     out = qkv.new_empty((rows, heads * head_dim))
-    kernels[0](
+    failed = kernels[0](
         qkv.data_ptr(),
         qkv.stride(0),
         keys.data_ptr(),
         values.data_ptr(),
         keys.stride(0),
         keys.stride(1),
+        sources.data_ptr(),
+        slots,
         bias.data_ptr(),
         None,  # the weights: not wanted
         out.data_ptr(),
@@ -80,6 +93,8 @@ def self_attention(qkv: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> T
         width,
         threads_for(rows * heads * width * head_dim),
     )
+    if failed:
+        raise ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
     return out
 
 

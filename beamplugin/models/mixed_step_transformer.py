@@ -31,7 +31,7 @@ from beamplugin.kernels import float_attention
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
-from beamplugin.modules.self_attention_history import SelfAttentionHistory
+from beamplugin.modules.self_attention_history import SelfAttentionHistory, Window
 
 Memory = dict[str, Tensor | None]
 
@@ -206,7 +206,7 @@ class MixedStepTransformerDecoder(nn.Module):
         rows, steps = tokens.shape
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
-        width = history.size(3)
+        width = history.sources.size(1)
         # -inf before each row's own steps (masked whether or not any is padding: no host sync)
         own_bias = x.new_full((rows, width), -math.inf)
         own_bias[:, width - steps :].masked_fill_(tokens.ne(self.pad), 0.0)
@@ -237,7 +237,7 @@ class MixedStepTransformerDecoder(nn.Module):
         prepared: LayerWeights,
         index: int,
         x: Tensor,
-        history: Tensor,
+        history: Window,
         own_bias: Tensor,
         groups: list[tuple[Memory, int, Tensor | None]],
     ) -> tuple[Tensor, Tensor | None]:
@@ -293,30 +293,29 @@ class MixedStepTransformerDecoder(nn.Module):
         self,
         prepared: LayerWeights,
         x: Tensor,
-        history: Tensor,
+        history: Window,
         layer: int,
         bias: Tensor,
         residual: Tensor,
         post: nn.LayerNorm | None,
     ) -> Tensor:
         """``residual`` plus fairseq's incremental self-attention of ``x`` ``[rows, embed]``
-        over each row's history (its keys and values at ``history[2 * layer]``, ``[2 * layer +
-        1]``; this step's written in the last column), normed by ``post`` if given; ``bias``
-        -inf at padding, ``[rows, width]`` for our kernel, ``[rows x heads, 1, width]`` for
-        torch's products."""
+        over each row's ``history`` (its keys and values at ``2 * layer``, ``2 * layer + 1``;
+        this step's written in the last column), normed by ``post`` if given; ``bias`` -inf at
+        padding, ``[rows, width]`` for our kernel, ``[rows x heads, 1, width]`` for torch's
+        products."""
         rows, embed = x.shape
         heads, head_dim = self.heads, self.head_dim
         qkv = prepared.self_qkv(x)
         if bias.dim() == 2:
-            keys, values = history[2 * layer], history[2 * layer + 1]
-            context = float_attention.self_attention(qkv, keys, values, bias)
+            keys, values = history.keys_values[2 * layer], history.keys_values[2 * layer + 1]
+            context = float_attention.self_attention(qkv, keys, values, history.sources, bias)
             return prepared.self_out.plus(context, residual, post)
-        history[2 * layer : 2 * layer + 2, :, :, -1] = (
+        history.keys_values[2 * layer : 2 * layer + 2, :rows, :, -1] = (
             qkv[:, embed:].view(rows, 2, heads, head_dim).transpose(0, 1)
         )
-        # rows x heads as one dimension of a view whose columns are the buffer's last ones
-        keys = history[2 * layer].flatten(0, 1)
-        values = history[2 * layer + 1].flatten(0, 1)
+        keys = history.gathered(2 * layer).reshape(rows * heads, -1, head_dim)
+        values = history.gathered(2 * layer + 1).reshape(rows * heads, -1, head_dim)
         query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
         context, _ = _attend(bias, query, keys.transpose(1, 2), values)
         return prepared.self_out.plus(context.view(rows, embed), residual, post)

@@ -1,27 +1,47 @@
 """The self-attention keys and values of a transformer decoder's rows, kept from step to step
 for rows at different steps (see beamplugin.models.mixed_step_transformer).
 
-One tensor per step holds every layer's: ``[2 x layers, rows, heads, width, head_dim]`` (keys
-of layer ``l`` at ``2l``, values at ``2l + 1``), each row's own steps last, the very last column
-this step's, the width a multiple of the vector lanes and at least ``least_width`` (as the
-memory pool's: bit-identical results alone or batched), the columns before a row's own steps
-for the decoder to mask. A reorder is only noted; the next step gathers the rows it keeps into
-the other of two buffers, one copy for all layers (rows of sentences that join are gathered
-from any row: their columns are masked). Skipping that copy was measured slower
-(docs/speed.md).
+Every layer's live in one buffer ``[2 x layers, slots, heads, columns, head_dim]`` (keys of
+layer ``l`` at ``2l``, values at ``2l + 1``). A step writes each row's key and value once, into
+the next free column, in the slot of the row's index at that step; a table of sources
+``[rows, width]`` says which slot holds each of a row's columns. So a beam reorder gathers that
+table (rows x width integers), not the keys and values: copying the whole history at every
+step took 7% of a decode at 64 sentences, more for longer ones (docs/speed.md). A step reads
+the last ``width`` columns (a multiple of the vector lanes and at least ``least_width``, as the
+memory pool's: bit-identical results alone or batched), each row's own steps last, the columns
+before them for the decoder to mask. Every :data:`MOVE_EVERY` steps, or when the rows outgrow
+the slots, the live columns move through the table to the start of the state's other buffer.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from beamplugin.modules.memory_pool import lane_width, least_width
+from beamplugin.modules.memory_pool import LANES, lane_width, least_width
 from beamplugin.runtime.buffer_pool import BufferPool
 
 State = dict[str, Any]  # a decoder's incremental state: the keys below are this module's
+
+MOVE_EVERY = 32  # steps between two moves of the live columns: wider buffers, fewer moves
+
+
+class Window(NamedTuple):
+    """A step's history: ``keys_values`` ``[2 x layers, slots, heads, width, head_dim]``, row
+    ``r``'s column ``j`` in slot ``sources[r, j]`` (``[rows, width]``), its last column in slot
+    ``r`` (this step's, to be written)."""
+
+    keys_values: Tensor
+    sources: Tensor
+
+    def gathered(self, index: int) -> Tensor:
+        """``keys_values[index]`` of each row's own slots, ``[rows, heads, width, head_dim]``
+        (a copy, for torch's batched products)."""
+        by_column = self.keys_values[index].transpose(1, 2)  # slots, width, heads, head_dim
+        columns = torch.arange(self.sources.size(1), device=self.sources.device)
+        return by_column[self.sources, columns].transpose(1, 2)
 
 
 class SelfAttentionHistory:
@@ -33,44 +53,69 @@ class SelfAttentionHistory:
         self.least = least_width(head_dim)  # the fewest columns a step reads
         self.buffers = BufferPool()
 
-    def advance(self, state: State, rows: int, steps: int, like: Tensor) -> Tensor:
-        """This step's history of ``rows`` rows, the longest ``steps`` long: the last step's
-        ``steps - 1`` columns, its rows gathered in the order noted by :meth:`reorder`, then a
-        free column.
-
-        Steps alternate between two buffers lent by the pool, their rows and columns at least
-        this step's (the history is the first rows and the last columns), their values finite
-        (masked where they are not a row's own: 0 x NaN would not be 0), so that nothing is
-        cleared or allocated until the rows or the width outgrow them."""
-        old, order = state.get("history"), state.pop("order", None)
+    def advance(self, state: State, rows: int, steps: int, like: Tensor) -> Window:
+        """This step's window for ``rows`` rows, the longest ``steps`` long: the last step's
+        ``steps - 1`` columns, its rows in the order noted by :meth:`reorder` (a new row's from
+        any row: masked), then a free column."""
+        order = state.pop("order", None)
         width = max(lane_width(steps), self.least)
+        buffer, end = state.get("buffer"), state.get("end", 0)
+        sources = state.get("sources") if steps > 1 else None
+        if buffer is None or buffer.size(1) < rows or end >= buffer.size(3) or end + 1 < width:
+            buffer, end, sources = self._move(state, rows, steps, width, like, sources, order)
+            order = None
+        table = torch.zeros((rows, width), dtype=torch.int64, device=like.device)
+        if sources is not None:
+            kept = min(width - 1, sources.size(1))
+            old = sources[:, sources.size(1) - kept :]
+            table[:, width - 1 - kept : -1] = old if order is None else old.index_select(0, order)
+        table[:, -1] = torch.arange(rows, device=like.device)
+        state["buffer"], state["end"], state["sources"] = buffer, end + 1, table
+        return Window(buffer[:, :, :, end - width + 1 : end + 1], table)
+
+    def _move(
+        self,
+        state: State,
+        rows: int,
+        steps: int,
+        width: int,
+        like: Tensor,
+        sources: Tensor | None,
+        order: Tensor | None,
+    ) -> tuple[Tensor, int, Tensor | None]:
+        """The state's other buffer, with ``rows`` slots and room for :data:`MOVE_EVERY`
+        steps, the last ``steps - 1`` columns copied to its start, each row's into its own slot
+        (through ``sources``, rows in ``order``): the buffer, the column after them, and their
+        sources. A buffer's values are finite (masked columns weigh 0, and 0 x NaN is not 0)."""
         lease = state.get("lease")
         if lease is None:
             lease = state["lease"] = self.buffers.lease()
-        buffer = state.get("spare")
-        if buffer is None or buffer.size(1) < rows or buffer.size(3) < width:
-            columns = width
-            if buffer is not None:
-                lease.give_back(buffer)
-                if buffer.size(3) < width:  # a long sentence: fewer, larger new buffers
-                    columns = max(width, 2 * buffer.size(3))
+        start = width + LANES  # room for the window to widen as the longest row grows
+        columns = start + MOVE_EVERY
+        spare = state.pop("spare", None)
+        if spare is None or spare.size(1) < rows or spare.size(3) < columns:
+            if spare is not None:
+                lease.give_back(spare)
             shape = (2 * self.layers, rows, self.heads, columns, self.head_dim)
-            buffer = lease.take(shape, like, grows=(1, 3))
-        history = buffer[:, :rows, :, buffer.size(3) - width :]
-        if old is not None and steps > 1:
-            window = old[:, :, :, old.size(3) - steps + 1 :]
-            kept = history[:, :, :, width - steps : -1]
-            if order is None:
-                kept.copy_(window)
-            else:
-                torch.index_select(window, 1, order, out=kept)
-        if "buffer" in state:
-            state["spare"] = state["buffer"]
-        state["buffer"], state["history"] = buffer, history
-        return history
+            spare = lease.take(shape, like, grows=(1, 3))
+        old = state.get("buffer")
+        if old is not None:
+            state["spare"] = old
+        kept = steps - 1
+        if old is None or sources is None or kept == 0:
+            return spare, start, None
+        live = sources[:, sources.size(1) - kept :]
+        if order is not None:
+            live = live.index_select(0, order)
+        end = state["end"]
+        columns_of = torch.arange(end - kept, end, device=like.device)
+        moved = old.transpose(2, 3)[:, live, columns_of]  # 2 x layers, rows, kept, heads, dim
+        spare[:, :rows, :, start - kept : start] = moved.transpose(2, 3)
+        own = torch.arange(rows, device=like.device).view(rows, 1).expand(rows, kept)
+        return spare, start, own
 
     @staticmethod
     def reorder(state: State, new_order: Tensor) -> None:
-        """Keep the rows ``new_order`` at the next step (noted: it gathers them)."""
+        """Keep the rows ``new_order`` at the next step (noted: it gathers their sources)."""
         noted = state.get("order")
         state["order"] = new_order if noted is None else noted.index_select(0, new_order)

@@ -65,17 +65,20 @@ static inline float dot(const float *a, const float *b, int64_t n)
     return s;
 }
 
-/* out (head_dim) = sum over j of p[j] values[j] (rows head_dim apart), j where p[j] > 0, in
- * order of j: 64 dimensions at a time, four independent chains */
-static inline void weigh(const float *p, const float *values, int64_t width, int64_t head_dim,
-                         float *out)
+/* out (head_dim) = sum over j of p[j] times column j (head_dim floats at
+ * values + rows[j] x row_stride + j x head_dim; rows NULL: row 0), j where p[j] > 0, in order of
+ * j: 64 dimensions at a time, four independent chains */
+static inline void weigh_sources(const float *p, const float *values, const int64_t *rows,
+                                 int64_t row_stride, int64_t width, int64_t head_dim,
+                                 float *out)
 {
+#define COLUMN(j) (values + (rows ? rows[j] * row_stride : 0) + (j) * head_dim)
     int64_t d = 0;
     for (; d + 64 <= head_dim; d += 64) {
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         for (int64_t j = 0; j < width; j++) {
             if (p[j] > 0.0f) {
-                const float *v = values + j * head_dim + d;
+                const float *v = COLUMN(j) + d;
                 a0 += p[j] * load16(v);
                 a1 += p[j] * load16(v + 16);
                 a2 += p[j] * load16(v + 32);
@@ -91,31 +94,41 @@ static inline void weigh(const float *p, const float *values, int64_t width, int
         v16 acc = {0};
         for (int64_t j = 0; j < width; j++)
             if (p[j] > 0.0f)
-                acc += p[j] * load16(values + j * head_dim + d);
+                acc += p[j] * load16(COLUMN(j) + d);
         store16(out + d, acc);
     }
     for (; d < head_dim; d++) {
         float acc = 0.0f;
         for (int64_t j = 0; j < width; j++)
             if (p[j] > 0.0f)
-                acc += p[j] * values[j * head_dim + d];
+                acc += p[j] * COLUMN(j)[d];
         out[d] = acc;
     }
+#undef COLUMN
 }
 
 /* qkv: rows x 3 embed (row stride qkv_stride): queries, keys, values, each head after head.
- * keys, values: this layer's history, [rows, heads, width, head_dim] (strides row_stride,
- * head_stride, head_dim, 1); column width - 1 receives this step's. bias: rows x width, 0 or
- * -inf. probs: rows x heads x width (written), or NULL. out: rows x embed. */
-void self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *values,
-                    int64_t row_stride, int64_t head_stride, const float *bias, float *probs,
-                    float *out, int64_t rows, int64_t heads, int64_t head_dim, int64_t width,
-                    int threads)
+ * keys, values: this layer's history, [slots, heads, width, head_dim] (strides row_stride,
+ * head_stride, head_dim, 1). sources: rows x width, the slot that holds each row's column (a
+ * beam reorder rewrites this table, not the history); row r's column width - 1 is slot r's,
+ * which receives this step's key and value. bias: rows x width, 0 or -inf. probs: rows x heads
+ * x width (written), or NULL. out: rows x embed. Returns -1, computing nothing, if a source is
+ * not a slot or there are fewer slots than rows. */
+int self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *values,
+                   int64_t row_stride, int64_t head_stride, const int64_t *sources,
+                   int64_t slots, const float *bias, float *probs, float *out, int64_t rows,
+                   int64_t heads, int64_t head_dim, int64_t width, int threads)
 {
+    if (rows > slots)
+        return -1;
+    for (int64_t i = 0; i < rows * width; i++)
+        if (sources[i] < 0 || sources[i] >= slots)
+            return -1;
     int64_t embed = heads * head_dim;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t r = 0; r < rows; r++) {
         const float *row_bias = bias + r * width;
+        const int64_t *row_sources = sources + r * width;
         for (int64_t h = 0; h < heads; h++) {
             const float *q = qkv + r * qkv_stride + h * head_dim;
             float *k = keys + r * row_stride + h * head_stride;
@@ -124,13 +137,18 @@ void self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *va
             memcpy(v + (width - 1) * head_dim, q + 2 * embed, head_dim * sizeof(float));
             float scratch[probs ? 1 : width];
             float *s = probs ? probs + (r * heads + h) * width : scratch;
-            for (int64_t j = 0; j < width; j++)
-                s[j] = row_bias[j] == -INFINITY ? -INFINITY
-                                                : row_bias[j] + dot(q, k + j * head_dim, head_dim);
+            for (int64_t j = 0; j < width; j++) {
+                const float *column = keys + row_sources[j] * row_stride + h * head_stride;
+                s[j] = row_bias[j] == -INFINITY
+                           ? -INFINITY
+                           : row_bias[j] + dot(q, column + j * head_dim, head_dim);
+            }
             softmax(s, width);
-            weigh(s, v, width, head_dim, out + r * embed + h * head_dim);
+            weigh_sources(s, values + h * head_stride, row_sources, row_stride, width, head_dim,
+                          out + r * embed + h * head_dim);
         }
     }
+    return 0;
 }
 
 /* q: rows x embed (row stride q_stride), rows sentence by sentence, `each` a sentence.
@@ -166,7 +184,7 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
             for (int64_t j = 0; j < src; j++)
                 s[j] = sentence_bias[j] == -INFINITY ? -INFINITY : sentence_bias[j] + s[j];
             softmax(s, src);
-            weigh(s, v, src, head_dim, out + r * embed + h * head_dim);
+            weigh_sources(s, v, NULL, 0, src, head_dim, out + r * embed + h * head_dim);
         }
     }
 }
