@@ -8,6 +8,7 @@ import pytest
 import torch
 from builders import fairseq_reference
 
+from beamplugin.kernels import candidates
 from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
 from beamplugin.search.beam_step import CHUNKED_TOPK_MIN_SIZE, chunk_size, top_candidates
 
@@ -127,6 +128,13 @@ def test_ties_and_random_tables_match_fairseq(beam, step):
         assert ours.alive_scores.tolist() == cand_scores.gather(1, active).tolist()
 
 
+@pytest.fixture
+def chunked(monkeypatch):
+    """torch's chunked top-k, as on a GPU or without a C compiler (not our kernel)."""
+    monkeypatch.setattr(candidates, "serves", lambda lprobs: False)
+
+
+@pytest.mark.usefixtures("chunked")
 @pytest.mark.parametrize(
     "bsz, in_beam, vocab",
     [(40, 5, 2000), (64, 1, 8000), (30, 8, 1000), (1, 5, 8000), (3, 4, 8008), (2, 3, 32000)],
@@ -147,6 +155,7 @@ def test_chunked_top_candidates_equal_a_full_topk(bsz, in_beam, vocab):
     assert torch.equal(indices, ref_indices)
 
 
+@pytest.mark.usefixtures("chunked")
 def test_chunked_top_candidates_put_nan_first():
     lprobs = torch.randn(40, 5, 2000).log_softmax(-1)
     lprobs[3, 2, 777] = math.nan

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from beamplugin.kernels import candidates
+
 
 class BeamStep(NamedTuple):
     """Result of :func:`beam_step`; all tensors are ``[bsz, ...]`` on the input's device."""
@@ -129,12 +131,15 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     """``torch.topk`` of ``lprobs + scores`` over ``in_beam x vocab`` per sentence.
 
     Returns the candidates' scores and flat indices (``beam * vocab + token``), best first.
-    For large inputs the sum is not materialised: each hypothesis' vocabulary is cut into
+    On the CPU in float32 our kernel finds them in one pass (beamplugin.kernels.candidates).
+    Elsewhere, for large inputs the sum is not materialised: each hypothesis' vocabulary is cut into
     chunks, and since the k best candidates lie in the k chunks with the best maxima, only
     those chunks are summed and searched. Scores and candidates are the same as a full
     ``torch.topk`` (same float additions); only the order among exactly equal scores, which
     torch.topk leaves unspecified too, may differ.
     """
+    if candidates.serves(lprobs):
+        return candidates.top_candidates(lprobs, scores, k)
     bsz, in_beam, vocab = lprobs.shape
     chunks_needed = -(-k // in_beam)  # the top-k needs k chunks in all
     chunk = chunk_size(vocab, chunks_needed) if lprobs.numel() >= CHUNKED_TOPK_MIN_SIZE else None

@@ -1,0 +1,59 @@
+"""A beam search step's candidates (the k best of each sentence's log-probabilities plus its
+hypotheses' scores) on the CPU through our kernel (``native/candidates.c``): one pass, without
+materializing the sums, the candidates and scores ``torch.topk`` of the sums gives. Where the
+order is torch's own choice (equal scores, NaN), ``torch.topk`` makes it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from beamplugin.kernels import native_library
+from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
+
+
+@functools.cache
+def _kernel() -> Callable[..., Any] | None:
+    argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, POINTER, POINTER, INT]
+    return native_library.function("candidates", "top_candidates", argtypes, SIZE)
+
+
+def serves(lprobs: Tensor) -> bool:
+    """Whether ``lprobs``' candidates can be found here: float32 on the CPU, kernel built."""
+    return lprobs.dtype == torch.float32 and lprobs.is_cpu and _kernel() is not None
+
+
+def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``torch.topk`` of ``lprobs + scores.unsqueeze(2)`` over each sentence's ``beams x vocab``
+    (``lprobs`` ``[sentences, beams, vocab]``, words consecutive; ``scores`` ``[sentences,
+    beams]``): the ``k`` best scores and their flat indices ``beam x vocab + word``."""
+    kernel = _kernel()
+    assert kernel is not None, "check serves() first"
+    sentences, beams, vocab = lprobs.shape
+    if lprobs.stride(2) != 1 or scores.shape != (sentences, beams) or not 0 < k <= beams * vocab:
+        raise ValueError(f"lprobs {tuple(lprobs.shape)}, scores {tuple(scores.shape)}, k {k}")
+    if scores.dtype != torch.float32 or not scores.is_cpu:
+        raise ValueError(f"scores must be float32 on the CPU, not {scores.dtype}")
+    scores = scores.contiguous()
+    values = lprobs.new_empty((sentences, k))
+    indices = torch.empty((sentences, k), dtype=torch.int64)
+    unsure = kernel(
+        lprobs.data_ptr(),
+        lprobs.stride(0),
+        lprobs.stride(1),
+        scores.data_ptr(),
+        sentences,
+        beams,
+        vocab,
+        k,
+        values.data_ptr(),
+        indices.data_ptr(),
+        threads_for(sentences * beams * vocab // 8),
+    )
+    if unsure:  # equal scores or NaN: torch's order, which fairseq's results follow
+        return torch.topk((lprobs + scores.unsqueeze(2)).view(sentences, -1), k)
+    return values, indices

@@ -1,0 +1,95 @@
+"""Our kernel for a beam search step's candidates (beamplugin/kernels/native/candidates.c):
+torch.topk's candidates, scores and order for every shape the search gives it, torch's own
+order where scores are equal or NaN, the same with threads, bad inputs refused."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from beamplugin.kernels import candidates
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler on this machine"
+)
+
+
+def expected(lprobs: torch.Tensor, scores: torch.Tensor, k: int):
+    return torch.topk((lprobs + scores.unsqueeze(2)).view(lprobs.size(0), -1), k)
+
+
+def assert_topk(lprobs: torch.Tensor, scores: torch.Tensor, k: int) -> None:
+    values, indices = candidates.top_candidates(lprobs, scores, k)
+    want_values, want_indices = expected(lprobs, scores, k)
+    assert torch.equal(values, want_values)
+    assert torch.equal(indices, want_indices)
+
+
+@pytest.mark.parametrize(
+    "sentences, beams, vocab",
+    [(1, 1, 3992), (1, 5, 3992), (64, 5, 3992), (3, 4, 8001), (7, 3, 17), (2, 8, 32000)],
+)
+def test_the_candidates_are_torchs_topk_of_the_sums(sentences, beams, vocab):
+    g = torch.Generator().manual_seed(vocab + beams)
+    # the search passes the first hypotheses of each sentence's beam rows: a strided view
+    lprobs = torch.randn(sentences, 8, vocab, generator=g).log_softmax(-1)[:, :beams]
+    lprobs[:, :, 1] = -math.inf  # pad
+    scores = torch.randn(sentences, beams, generator=g) * 5
+    assert candidates.serves(lprobs)
+    for k in {2 * beams, min(16, beams * vocab - 1), 1}:
+        assert_topk(lprobs, scores, k)
+
+
+def test_few_live_words_and_all_but_one_candidate():
+    """At the maximum length only EOS lives; a tiny vocabulary asks for all but one."""
+    lprobs = torch.full((4, 5, 3992), -math.inf)
+    lprobs[:, :, 2] = torch.randn(4, 5).log_softmax(-1)
+    scores = torch.randn(4, 5)
+    assert_topk(lprobs, scores, 10)
+    small = torch.randn(6, 3, 4).log_softmax(-1)
+    assert_topk(small, torch.randn(6, 3), 3 * 4 - 1)
+
+
+def test_equal_scores_and_nan_take_torchs_order():
+    g = torch.Generator().manual_seed(1)
+    lprobs = -torch.randint(0, 4, (8, 5, 400), generator=g).float()  # many exact ties
+    scores = -torch.randint(0, 3, (8, 5), generator=g).float()
+    assert_topk(lprobs, scores, 10)
+    lprobs = torch.randn(3, 5, 2000).log_softmax(-1)
+    lprobs[1, 2, 777] = math.nan
+    values, indices = candidates.top_candidates(lprobs, torch.zeros(3, 5), 10)
+    assert math.isnan(values[1, 0]) and indices[1, 0] == 2 * 2000 + 777
+    lprobs[1, 2, 777] = lprobs[1, 2, 778]  # a tie only at the k-th place
+    assert_topk(lprobs, torch.zeros(3, 5), 10)
+
+
+def test_threads_change_nothing():
+    lprobs = torch.randn(64, 5, 3992).log_softmax(-1)
+    scores = torch.randn(64, 5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = candidates.top_candidates(lprobs, scores, 10)
+        torch.set_num_threads(2)
+        two = candidates.top_candidates(lprobs, scores, 10)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_bad_inputs_are_refused():
+    lprobs = torch.randn(2, 3, 50)
+    with pytest.raises(ValueError, match="scores"):
+        candidates.top_candidates(lprobs, torch.zeros(2, 4), 5)
+    with pytest.raises(ValueError, match="k 151"):
+        candidates.top_candidates(lprobs, torch.zeros(2, 3), 151)
+    with pytest.raises(ValueError, match="lprobs"):
+        candidates.top_candidates(lprobs.transpose(1, 2).contiguous().transpose(1, 2),
+                                  torch.zeros(2, 3), 5)  # fmt: skip
+    with pytest.raises(ValueError, match="float32"):
+        candidates.top_candidates(lprobs, torch.zeros(2, 3, dtype=torch.float64), 5)
+    assert not candidates.serves(lprobs.double())
