@@ -120,29 +120,31 @@ class PooledTransformerEncoder(nn.Module):
         """fairseq's encoder output (``encoder_out`` ``[src, sentences, embed]``, padding mask,
         embedding, source lengths) and the attention memory, the sources left-padded to a
         multiple of the vector lanes (beamplugin.modules.memory_pool: each sentence then gets
-        the same bits alone or batched)."""
+        the same bits alone or batched). Only the attention reads that padding: the products
+        and norms run on the sources' own width (zeros, masked, stand for the lanes' keys and
+        values)."""
         weights = self.weights.current()
         tokens = net_input["src_tokens"]
-        width = tokens.size(1)
-        if width != lane_width(width):
-            tokens = F.pad(tokens, (lane_width(width) - width, 0), value=self.pad)
-        sentences, src = tokens.shape
+        sentences, width = tokens.shape
+        src = lane_width(width)
         encoder = self.encoder
         padding = tokens.eq(self.pad)
         x, embedding = encoder.forward_embedding(tokens)
         x = x * (1 - padding.unsqueeze(-1).type_as(x))
+        padding = F.pad(padding, (src - width, 0), value=True)
         bias = x.new_zeros(sentences, 1, 1, src).masked_fill_(
             padding.view(sentences, 1, 1, src), -math.inf
         )
-        x = x.reshape(sentences * src, -1)
+        x = x.reshape(sentences * width, -1)
         for layer, prepared in zip(encoder.layers, weights.encoder_layers, strict=True):
             x = _encoder_layer(layer, prepared, x, bias, sentences)
         if encoder.layer_norm is not None:
             x = _norm(encoder.layer_norm, x)
+        out = _left_padded(x.view(sentences, width, -1), src)
         return {
-            "encoder_out": [x.view(sentences, src, -1).transpose(0, 1)],
+            "encoder_out": [out.transpose(0, 1)],
             "encoder_padding_mask": [padding],
-            "encoder_embedding": [embedding],
+            "encoder_embedding": [_left_padded(embedding, src)],
             "encoder_states": [],
             "fc_results": [],
             "src_tokens": [],
@@ -155,16 +157,19 @@ class PooledTransformerEncoder(nn.Module):
     ) -> Memory:
         """keys ``[sentences, heads, head_dim, src]``, values ``[sentences, heads, src,
         head_dim]`` per decoder layer (fairseq's projections of the encoder output ``x``
-        ``[sentences x src, embed]``, one product for all), and the padding ``bias``
-        ``[sentences, 1, 1, src]``: 0, -inf at padding."""
-        src = x.size(0) // sentences
+        ``[sentences x width, embed]``, one product for all; zeros in the lanes before), and
+        the padding ``bias`` ``[sentences, 1, 1, src]``: 0, -inf at padding."""
+        width, src = x.size(0) // sentences, bias.size(3)
         projected = weights.memory(x).view(
-            sentences, src, self.layers, 2, self.heads, self.head_dim
+            sentences, width, self.layers, 2, self.heads, self.head_dim
         )
         memory: Memory = {"bias": bias}
         for layer in range(self.layers):
-            memory[f"keys{layer}"] = projected[:, :, layer, 0].permute(0, 2, 3, 1).contiguous()
-            memory[f"values{layer}"] = projected[:, :, layer, 1].permute(0, 2, 1, 3).contiguous()
+            keys = x.new_zeros(sentences, self.heads, self.head_dim, src)
+            keys[..., src - width :] = projected[:, :, layer, 0].permute(0, 2, 3, 1)
+            values = x.new_zeros(sentences, self.heads, src, self.head_dim)
+            values[:, :, src - width :] = projected[:, :, layer, 1].permute(0, 2, 1, 3)
+            memory[f"keys{layer}"], memory[f"values{layer}"] = keys, values
         return memory
 
     def memory_pool(self) -> MemoryPool:
@@ -369,19 +374,31 @@ def _encoder_self_attention(
     residual: Tensor,
     post: nn.LayerNorm | None,
 ) -> Tensor:
-    """``residual`` plus fairseq's self-attention of every source position over its sentence's
-    unpadded positions, normed by ``post`` if given."""
+    """``residual`` plus fairseq's self-attention of every source position (``x`` ``[sentences
+    x width, embed]``) over its sentence's unpadded positions, normed by ``post`` if given; the
+    attention over ``bias``'s lanes ``[sentences, 1, 1, src]``, zeros before the sources."""
     heads, head_dim = attention.num_heads, attention.head_dim
     tokens, embed = x.shape
-    src = tokens // sentences
-    qkv = prepared.self_qkv(x).view(sentences, src, 3, heads, head_dim)
+    width, src = tokens // sentences, bias.size(3)
+    qkv = _left_padded(prepared.self_qkv(x).view(sentences, width, 3 * embed), src)
+    qkv = qkv.view(sentences, src, 3, heads, head_dim)
     query = qkv[:, :, 0].transpose(1, 2).reshape(sentences * heads, src, head_dim)
     keys = qkv[:, :, 1].permute(0, 2, 3, 1).reshape(sentences * heads, head_dim, src)
     values = qkv[:, :, 2].transpose(1, 2).reshape(sentences * heads, src, head_dim)
     pad = bias.expand(sentences, heads, 1, src).reshape(sentences * heads, 1, src)
     context, _ = _attend(pad, query, keys, values)
-    context = context.view(sentences, heads, src, head_dim).transpose(1, 2)
+    context = context.view(sentences, heads, src, head_dim)[:, :, src - width :].transpose(1, 2)
     return prepared.self_out.plus(context.reshape(tokens, embed), residual, post)
+
+
+def _left_padded(x: Tensor, src: int) -> Tensor:
+    """``x`` ``[sentences, width, ...]`` with zeros before, ``src`` wide."""
+    width = x.size(1)
+    if width == src:
+        return x
+    padded = x.new_zeros((x.size(0), src, *x.shape[2:]))
+    padded[:, src - width :] = x
+    return padded
 
 
 def _attend(bias: Tensor, query: Tensor, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
