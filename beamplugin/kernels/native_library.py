@@ -77,6 +77,13 @@ def function(
     return kernel
 
 
+def address(name: str, symbol: str) -> int | None:
+    """Where ``symbol`` of :func:`load`'s library for ``name`` is, for C code that calls it (None
+    where the library cannot be built here); its ctypes signature is left as it is."""
+    library = load(name)
+    return None if library is None else ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+
+
 def threads_for(work: int) -> int:
     """The threads a kernel call of ``work`` multiply-adds takes: torch's, or 1 below
     :data:`PARALLEL_WORK`."""

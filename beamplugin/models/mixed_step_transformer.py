@@ -27,7 +27,7 @@ from fairseq.models.transformer import TransformerModelBase
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
-from beamplugin.kernels import float_attention
+from beamplugin.kernels import decoder_layers, float_attention
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
@@ -219,22 +219,63 @@ class MixedStepTransformerDecoder(nn.Module):
         if not native:  # torch's batched products take [rows x heads, 1, width]
             own_bias = own_bias.view(rows, 1, 1, width).expand(rows, self.heads, 1, width)
             own_bias = own_bias.reshape(-1, 1, width)
-        groups = [
-            (memory, group_rows, None if native else _cross_bias(memory, group_rows, self.heads))
-            for memory, group_rows in encoder_out["attention_groups"]
-        ]
-        attn = None
-        layers = zip(d.layers, weights.decoder_layers, strict=True)
-        for index, (layer, prepared) in enumerate(layers):
-            x, layer_attn = self._layer(layer, prepared, index, x, history, own_bias, groups)
-            if index == self.alignment_layer:
-                attn = layer_attn
+        if native and weights.decoder_in_kernel is not None:
+            x, attn = self._layers_in_kernel(x, history, own_bias, encoder_out)
+        else:
+            x, attn = self._layers(x, history, own_bias, encoder_out, native)
         if d.layer_norm is not None:
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
             x = d.project_out_dim(x)
         logits = weights.output(x)
         return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
+
+    def _layers_in_kernel(
+        self, x: Tensor, history: Window, bias: Tensor, encoder_out: dict[str, Any]
+    ) -> tuple[Tensor, Tensor]:
+        """Every layer in one call of our kernels (beamplugin.kernels.decoder_layers), and the
+        alignment layer's cross-attention weights averaged over heads."""
+        layers = range(len(self.decoder.layers))
+        groups = [
+            decoder_layers.Group(
+                [memory[f"keys{layer}"] for layer in layers],
+                [memory[f"values{layer}"] for layer in layers],
+                memory["bias"],
+                group_rows,
+            )
+            for memory, group_rows in encoder_out["attention_groups"]
+        ]
+        x, probs = self.weights.decoder_in_kernel(
+            x, history.keys_values, history.sources, bias, groups, self.alignment_layer
+        )
+        means = []
+        for group, weights in zip(groups, probs, strict=True):
+            sentences, width = group.bias.size(0), group.bias.size(3)
+            per_head = weights.view(sentences, group.rows // sentences, -1, width)
+            means.append(per_head.mean(dim=2).reshape(group.rows, 1, width))
+        return x, _side_by_side(means).to(x)
+
+    def _layers(
+        self,
+        x: Tensor,
+        history: Window,
+        own_bias: Tensor,
+        encoder_out: dict[str, Any],
+        native: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Every layer one call at a time (our kernels where ``native``, else torch's), and the
+        alignment layer's cross-attention weights averaged over heads."""
+        groups = [
+            (memory, group_rows, None if native else _cross_bias(memory, group_rows, self.heads))
+            for memory, group_rows in encoder_out["attention_groups"]
+        ]
+        attn = None
+        layers = zip(self.decoder.layers, self.weights.decoder_layers, strict=True)
+        for index, (layer, prepared) in enumerate(layers):
+            x, layer_attn = self._layer(layer, prepared, index, x, history, own_bias, groups)
+            if index == self.alignment_layer:
+                attn = layer_attn
+        return x, attn
 
     def _layer(
         self,
@@ -459,8 +500,13 @@ def _cross_attention(
     out = prepared.cross_out.plus(context, residual, post)
     if not need_weights:
         return out, None
+    return out, _side_by_side(weights).to(x)
+
+
+def _side_by_side(weights: list[Tensor]) -> Tensor:
+    """Groups' attention weights ``[rows, 1, src]`` as one tensor, left-padded to the widest."""
     widest = max(w.size(-1) for w in weights)
-    return out, torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights]).to(x)
+    return torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights])
 
 
 def _cross_attention_in_kernel(

@@ -23,8 +23,11 @@ import weakref
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from beamplugin.kernels import decoder_layers
+from beamplugin.kernels.float_products import Panels
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
 
 
@@ -61,6 +64,8 @@ class TransformerWeights:
         self.decoder_layers: list[LayerWeights] = []
         self.memory: PreparedLinear | None = None  # every decoder layer's cross keys, values
         self.output: PreparedLinear | None = None
+        # the decoder layers as one call of our kernels, where they can take them
+        self.decoder_in_kernel: decoder_layers.DecoderLayers | None = None
         own = weakref.ref(self)
 
         def forget(*_: Any) -> None:
@@ -95,6 +100,7 @@ class TransformerWeights:
         self.memory = _stacked([p for a in cross for p in (a.k_proj, a.v_proj)], False)
         projection = decoder.output_projection
         self.output = prepare_linear(projection.weight, projection.bias, int8)
+        self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers)
 
 
 def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
@@ -115,6 +121,47 @@ def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
     return weights._replace(
         cross_query=_stacked([cross.q_proj], int8, cross.scaling), cross_out=of(cross.out_proj)
     )
+
+
+def _in_kernel(
+    decoder: nn.Module, layers: list[LayerWeights]
+) -> decoder_layers.DecoderLayers | None:
+    """``layers`` for beamplugin.kernels.decoder_layers: where every product is on our float32
+    kernel (not int8, not half precision), the activation a relu and every norm affine; else
+    None (the layers run one call at a time)."""
+    if not decoder_layers.available():
+        return None
+    plan = []
+    for layer, weights in zip(decoder.layers, layers, strict=True):
+        norms = [layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm]
+        affine = [(n.weight.detach(), n.bias.detach(), n.eps) for n in norms]
+        if layer.activation_fn is not F.relu or any(
+            n.weight is None or n.bias is None or n.weight.dtype != torch.float32 for n in norms
+        ):  # fmt: skip
+            return None
+        products = [weights.self_qkv, weights.self_out, weights.cross_query, weights.cross_out,
+                    weights.fc1, weights.fc2]  # fmt: skip
+        if not all(
+            isinstance(w.packed, Panels) and w.packed.values.dtype == torch.float32
+            and w.int8 is None for w in products
+        ):  # fmt: skip
+            return None
+        before = layer.normalize_before
+        post = [None if before else norm for norm in affine]  # inside the sublayer's last call
+
+        def product(w: PreparedLinear, norm: decoder_layers.Norm | None = None):
+            return decoder_layers.Product(w.packed, w.bias, norm)
+
+        plan.append(decoder_layers.Layer(
+            product(weights.self_qkv), product(weights.self_out, post[0]),
+            product(weights.cross_query), product(weights.cross_out, post[1]),
+            product(weights.fc1), product(weights.fc2, post[2]),
+            *(norm if before else None for norm in affine),
+        ))  # fmt: skip
+    try:
+        return decoder_layers.DecoderLayers(plan, decoder.layers[0].self_attn.num_heads)
+    except ValueError:  # a bias or norm weight that is not contiguous
+        return None
 
 
 def _stacked(projections: list[nn.Linear], int8: bool, scaling: float = 1.0) -> PreparedLinear:

@@ -1,0 +1,219 @@
+"""A transformer decoder step's layers in one call (``native/decoder_layers.c``), float32 on the
+CPU: the products, norms and attention kernels that Python called one by one (5-6 us each at a
+step's few rows, some 150 us a step for 3 layers), called from C in the same order, so with the
+same bits. The weights' pointers are set once per :class:`DecoderLayers`; a step fills in its
+rows, history windows and memory."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from beamplugin.kernels import native_library
+from beamplugin.kernels.float_products import Panels
+
+Norm = tuple[Tensor, Tensor, float]  # weight, bias, eps
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+
+
+class Product(NamedTuple):
+    """A packed float32 weight, its bias, and the post-norm its call applies (or None)."""
+
+    panels: Panels
+    bias: Tensor | None
+    norm: Norm | None
+
+
+class Layer(NamedTuple):
+    """A decoder layer's products and the norms before its sublayers (None: post-norm)."""
+
+    qkv: Product
+    self_out: Product
+    cross_query: Product
+    cross_out: Product
+    fc1: Product  # relu after
+    fc2: Product
+    self_norm: Norm | None
+    cross_norm: Norm | None
+    final_norm: Norm | None
+
+
+class Group(NamedTuple):
+    """Rows of sentences that read one memory pool: every layer's keys ``[sentences, heads,
+    head_dim, src]`` and values ``[sentences, heads, src, head_dim]`` (attention.c's layout),
+    their padding bias ``[sentences, 1, 1, src]``, and the rows (sentence by sentence)."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    bias: Tensor
+    rows: int
+
+
+class _Product(ctypes.Structure):
+    _fields_ = [("panels", _P), ("bias", _P), ("gamma", _P), ("beta", _P),
+                ("eps", ctypes.c_float), ("out", _I), ("inner", _I)]  # fmt: skip
+
+
+class _Norm(ctypes.Structure):
+    _fields_ = [("gamma", _P), ("beta", _P), ("eps", ctypes.c_float)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _Product) for name in Layer._fields[:6]]
+    _fields_ += [(name, _Norm) for name in Layer._fields[6:]]
+    _fields_ += [("keys", _P), ("values", _P)]
+
+
+class _Group(ctypes.Structure):
+    _fields_ = [("keys", ctypes.POINTER(_P)), ("values", ctypes.POINTER(_P))]
+    _fields_ += [(name, _I) for name in ("k_sentence", "k_head", "k_dim", "v_sentence",
+                                         "v_head", "bias_sentence")]  # fmt: skip
+    _fields_ += [("bias", _P), ("probs", _P), ("rows", _I), ("each", _I), ("src", _I)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("products", _P), ("norm", _P), ("self_attention", _P), ("cross_attention", _P)]
+    _fields_ += [(name, _I) for name in ("layers", "rows", "embed", "heads", "head_dim",
+                                         "hidden", "width", "slots", "row_stride",
+                                         "head_stride", "groups", "alignment_layer")]  # fmt: skip
+    _fields_ += [("sources", _P), ("bias", _P), ("group", ctypes.POINTER(_Group))]
+    _fields_ += [(name, _P) for name in ("x", "a", "b", "normed", "qkv", "context", "query",
+                                         "inner")]  # fmt: skip
+    _fields_ += [("threads", ctypes.c_int)]
+
+
+@functools.cache
+def _kernels() -> tuple[Any, list[int | None]] | None:
+    """decoder_layers.c's entry and the addresses of the kernels it calls (None where any of
+    them cannot be built)."""
+    run = native_library.function("decoder_layers", "decoder_layers", [_P, _P], _P)
+    parts = [
+        native_library.address("products", "products"),
+        native_library.address("products", "layer_norm_rows"),
+        native_library.address("attention", "self_attention"),
+        native_library.address("attention", "cross_attention"),
+    ]
+    if run is None or None in parts:
+        return None
+    return run, parts
+
+
+def available() -> bool:
+    """Whether the layers can run here (decoder_layers.c and the kernels it calls built)."""
+    return _kernels() is not None
+
+
+def _pointer(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _norm(norm: Norm | None) -> _Norm:
+    if norm is None:
+        return _Norm(None, None, 0.0)
+    return _Norm(norm[0].data_ptr(), norm[1].data_ptr(), norm[2])
+
+
+class DecoderLayers:
+    """``layers`` (float32, contiguous tensors) ready to run a step's rows through them."""
+
+    def __init__(self, layers: list[Layer], heads: int) -> None:
+        self.kernels = _kernels()
+        assert self.kernels is not None, "check available() first"
+        self.layers = layers  # keeps the tensors the pointers below point into
+        first = layers[0]
+        self.embed, self.hidden = first.qkv.panels.in_features, first.fc1.panels.out_features
+        self.heads, self.head_dim = heads, self.embed // heads
+        for layer in layers:
+            for product in layer[:6]:
+                tensors = [product.bias, *(product.norm or ())[:2]]
+                if any(t is not None and not t.is_contiguous() for t in tensors):
+                    raise ValueError("biases and norm weights must be contiguous")
+        self.table = (_Layer * len(layers))()
+        for entry, layer in zip(self.table, layers, strict=True):
+            for name, product in zip(Layer._fields[:6], layer[:6], strict=True):
+                gamma, beta, eps = product.norm or (None, None, 0.0)
+                setattr(entry, name, _Product(
+                    product.panels.values.data_ptr(), _pointer(product.bias), _pointer(gamma),
+                    _pointer(beta), eps, product.panels.out_features, product.panels.in_features,
+                ))  # fmt: skip
+            entry.self_norm, entry.cross_norm = _norm(layer.self_norm), _norm(layer.cross_norm)
+            entry.final_norm = _norm(layer.final_norm)
+
+    def __call__(
+        self,
+        x: Tensor,
+        windows: Tensor,
+        sources: Tensor,
+        bias: Tensor,
+        groups: list[Group],
+        alignment_layer: int,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The layers' output ``[rows, embed]`` for ``x`` ``[rows, embed]``, the rows'
+        histories ``windows`` ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s
+        column ``j`` in slot ``sources[r, j]``; its last column written here, in slot ``r``)
+        masked by ``bias`` ``[rows, width]`` (0 or -inf), reading ``groups``' memories; and
+        the alignment layer's cross-attention weights per group ``[rows, heads, src]``."""
+        run, addresses = self.kernels
+        rows, embed = x.shape
+        layers, heads, head_dim = len(self.layers), self.heads, self.head_dim
+        slots, width = windows.size(1), sources.size(1)
+        if embed != self.embed or x.dtype != torch.float32 or not x.is_contiguous():
+            raise ValueError(f"x must be contiguous float32 [rows, {self.embed}]")
+        if windows.shape != (2 * layers, slots, heads, width, head_dim) or windows.stride()[3:] != (
+            head_dim, 1,
+        ):  # fmt: skip
+            raise ValueError(f"the history window {tuple(windows.shape)} is not this model's")
+        if sources.dtype != torch.int64 or not sources.is_contiguous() or sources.size(0) != rows:
+            raise ValueError("sources must be [rows, width] contiguous int64")
+        if bias.shape != (rows, width) or not bias.is_contiguous():
+            raise ValueError("the bias must be [rows, width], contiguous")
+        scratch = x.new_empty(rows * (8 * embed + self.hidden))
+        sizes = [rows * n for n in (embed, embed, embed, 3 * embed, embed, embed, self.hidden)]
+        parts = scratch.split(sizes)
+        a, b, normed, qkv, context, query, inner = (p.data_ptr() for p in parts)
+        table = self.table
+        for index, entry in enumerate(table):
+            entry.keys = windows[2 * index].data_ptr()
+            entry.values = windows[2 * index + 1].data_ptr()
+        group_table, probs, kept = (_Group * len(groups))(), [], []
+        if sum(group.rows for group in groups) != rows:
+            raise ValueError("the groups' rows must add up to the step's")
+        for entry, group in zip(group_table, groups, strict=True):
+            sentences, _, _, src = group.keys[0].shape
+            for k, v in zip(group.keys, group.values, strict=True):
+                if k.shape != (sentences, heads, head_dim, src) or k.stride(3) != 1 or (
+                    v.shape != (sentences, heads, src, head_dim) or v.stride()[2:] != (head_dim, 1)
+                ):  # fmt: skip
+                    raise ValueError("a group's keys or values are not attention.c's layout")
+                if k.stride() != group.keys[0].stride() or v.stride() != group.values[0].stride():
+                    raise ValueError("a group's layers must share their strides")
+            if group.bias.shape != (sentences, 1, 1, src) or group.bias.stride(3) != 1:
+                raise ValueError("a group's bias must be [sentences, 1, 1, src]")
+            if len(group.keys) != layers or group.rows % sentences:
+                raise ValueError("a group needs every layer's memory, as many rows a sentence")
+            key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
+            value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
+            kept += [key_pointers, value_pointers]
+            weights = x.new_empty((group.rows, heads, src))
+            probs.append(weights)
+            entry.keys, entry.values = key_pointers, value_pointers
+            entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
+            entry.v_sentence, entry.v_head = group.values[0].stride()[:2]
+            entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
+            entry.probs, entry.rows = weights.data_ptr(), group.rows
+            entry.each, entry.src = group.rows // sentences, src
+        step = _Step(
+            *addresses, layers, rows, embed, heads, head_dim, self.hidden, width, slots,
+            windows.stride(1), windows.stride(2), len(groups), alignment_layer,
+            sources.data_ptr(), bias.data_ptr(), group_table, x.data_ptr(), a, b, normed, qkv,
+            context, query, inner, torch.get_num_threads(),
+        )  # fmt: skip
+        out = run(ctypes.byref(step), table)
+        if out is None:
+            raise ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
+        return (parts[0] if out == a else parts[1]).view(rows, embed), probs

@@ -1,0 +1,132 @@
+/* A transformer decoder step's layers in one call: for each layer the self-attention over the
+ * rows' histories, the cross-attention over their sentences' encoder memory, the feed-forward,
+ * each sublayer's residual and layer norm (before its products in a pre-norm layer, inside its
+ * last product in a post-norm one), calling the float32 product, norm and attention kernels of
+ * products.c and attention.c through the pointers it is given. Python made the same calls one
+ * by one, 5-6 us each at a step's few rows, some 150 us a step for 3 layers (docs/speed.md):
+ * the same kernels in the same order, so the same bits. */
+#include <stdint.h>
+
+#define PARALLEL_WORK (1 << 17) /* native_library.PARALLEL_WORK */
+
+typedef void (*products_fn)(const float *x, int64_t ldx, const float *panels, const float *bias,
+                            const float *residual, int64_t ldr, float *y, int64_t ldy, int64_t m,
+                            int64_t n, int64_t k_len, int relu, const float *gamma,
+                            const float *beta, float eps, int threads);
+typedef void (*norm_fn)(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m, int64_t n,
+                        const float *gamma, const float *beta, float eps, int threads);
+typedef int (*self_attention_fn)(const float *qkv, int64_t qkv_stride, float *keys,
+                                 float *values, int64_t row_stride, int64_t head_stride,
+                                 const int64_t *sources, int64_t slots, const float *bias,
+                                 float *probs, float *out, int64_t rows, int64_t heads,
+                                 int64_t head_dim, int64_t width, int threads);
+typedef void (*cross_attention_fn)(const float *q, int64_t q_stride, const float *keys,
+                                   int64_t k_sentence, int64_t k_head, int64_t k_dim,
+                                   const float *values, int64_t v_sentence, int64_t v_head,
+                                   const float *bias, int64_t bias_sentence, float *probs,
+                                   float *out, int64_t rows, int64_t each, int64_t heads,
+                                   int64_t head_dim, int64_t src, int threads);
+
+struct product { /* a packed weight [out, in], its bias and a post-norm (gamma NULL: none) */
+    const float *panels, *bias, *gamma, *beta;
+    float eps;
+    int64_t out, in;
+};
+
+struct norm { /* a pre-norm layer's norm of a sublayer's input (gamma NULL: post-norm) */
+    const float *gamma, *beta;
+    float eps;
+};
+
+struct layer {
+    struct product qkv, self_out, cross_query, cross_out, fc1, fc2;
+    struct norm self_norm, cross_norm, final_norm;
+    float *keys, *values; /* this step's history window: [slots, heads, width, head_dim] */
+};
+
+struct group { /* rows of sentences whose memory is one pool's (attention.c's layout) */
+    const float **keys, **values; /* per layer */
+    int64_t k_sentence, k_head, k_dim, v_sentence, v_head, bias_sentence;
+    const float *bias;
+    float *probs; /* the alignment layer's weights, [rows, heads, src], or NULL */
+    int64_t rows, each, src;
+};
+
+struct step {
+    products_fn products;
+    norm_fn norm;
+    self_attention_fn self_attention;
+    cross_attention_fn cross_attention;
+    int64_t layers, rows, embed, heads, head_dim, hidden, width, slots, row_stride,
+        head_stride, groups, alignment_layer;
+    const int64_t *sources;
+    const float *bias; /* [rows, width] */
+    struct group *group;
+    float *x, *a, *b, *normed, *qkv, *context, *query, *inner; /* scratch, rows wide */
+    int threads;
+};
+
+static int threads_for(const struct step *s, int64_t work)
+{
+    return work >= PARALLEL_WORK ? s->threads : 1;
+}
+
+static void product(const struct step *s, const struct product *p, const float *x, int64_t ldx,
+                    const float *residual, float *y, int relu)
+{
+    s->products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y, p->out, s->rows,
+                p->out, p->in, relu, p->gamma, p->beta, p->eps,
+                threads_for(s, s->rows * p->out * p->in));
+}
+
+/* a sublayer's input: x, or x normed into s->normed */
+static const float *input(const struct step *s, const struct norm *n, const float *x)
+{
+    if (!n->gamma)
+        return x;
+    s->norm(x, s->embed, s->normed, s->embed, s->rows, s->embed, n->gamma, n->beta, n->eps,
+            threads_for(s, s->rows * s->embed * 64));
+    return s->normed;
+}
+
+/* Runs the layers on s->x ([rows, embed]); returns the output (s->a or s->b), or NULL if the
+ * self-attention refused its sources. */
+const float *decoder_layers(const struct step *s, const struct layer *layers)
+{
+    int64_t E = s->embed, H = s->heads, D = s->head_dim;
+    float *x = s->x, *spare[2] = {s->a, s->b};
+    int turn = 0;
+    for (int64_t l = 0; l < s->layers; l++) {
+        const struct layer *L = layers + l;
+        float *out = spare[turn];
+        turn ^= 1;
+        product(s, &L->qkv, input(s, &L->self_norm, x), E, 0, s->qkv, 0);
+        if (s->self_attention(s->qkv, 3 * E, L->keys, L->values, s->row_stride, s->head_stride,
+                              s->sources, s->slots, s->bias, 0, s->context, s->rows, H, D,
+                              s->width, threads_for(s, s->rows * H * s->width * D)))
+            return 0;
+        product(s, &L->self_out, s->context, E, x, out, 0);
+        x = out;
+        out = spare[turn];
+        turn ^= 1;
+        product(s, &L->cross_query, input(s, &L->cross_norm, x), E, 0, s->query, 0);
+        int64_t first = 0;
+        for (int64_t g = 0; g < s->groups; g++) {
+            const struct group *G = s->group + g;
+            float *probs = l == s->alignment_layer ? G->probs : 0;
+            s->cross_attention(s->query + first * E, E, G->keys[l], G->k_sentence, G->k_head,
+                               G->k_dim, G->values[l], G->v_sentence, G->v_head, G->bias,
+                               G->bias_sentence, probs, s->context + first * E, G->rows, G->each,
+                               H, D, G->src, threads_for(s, G->rows * H * G->src * D));
+            first += G->rows;
+        }
+        product(s, &L->cross_out, s->context, E, x, out, 0);
+        x = out;
+        out = spare[turn];
+        turn ^= 1;
+        product(s, &L->fc1, input(s, &L->final_norm, x), E, 0, s->inner, 1);
+        product(s, &L->fc2, s->inner, s->hidden, x, out, 0);
+        x = out;
+    }
+    return x;
+}

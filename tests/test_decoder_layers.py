@@ -1,0 +1,99 @@
+"""A transformer decoder step's layers in one call of our kernels
+(beamplugin/kernels/native/decoder_layers.c): the bits of the same kernels called one at a
+time (post-norm), within float rounding of them (pre-norm: our layer norm for torch's), the
+calls one at a time where a layer is not ours to run (gelu), bad inputs refused."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+from builders import ORDERS, alone, assert_same, build_transformer, make_batch, stream
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+
+from beamplugin import SequenceGenerator
+from beamplugin.kernels import decoder_layers
+from beamplugin.models import transformer_weights
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(
+        shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler on this machine"
+    ),
+]
+
+
+def decode(vocab, sentences, model, monkeypatch, in_kernel: bool):
+    with monkeypatch.context() as patch:
+        if not in_kernel:
+            patch.setattr(transformer_weights, "_in_kernel", lambda decoder, layers: None)
+        gen = SequenceGenerator([model], vocab, beam_size=4, nbest=2, max_len_b=20)
+        view = gen.model.models[0]
+        batch = gen.generate([model], make_batch(vocab, 8, seed=3))
+        assert (view.decoder.weights.decoder_in_kernel is not None) == in_kernel
+        streamed, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
+        assert engine.refills > 0
+    return batch, streamed
+
+
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, pre_norm):
+    options = dict(encoder_normalize_before=True, decoder_normalize_before=True)
+    model = build_transformer(vocab, 1, **(options if pre_norm else {}))
+    one_call = decode(vocab, sentences, model, monkeypatch, in_kernel=True)
+    one_at_a_time = decode(vocab, sentences, model, monkeypatch, in_kernel=False)
+    for ours, theirs in zip([*one_call[0], *one_call[1]], [*one_at_a_time[0], *one_at_a_time[1]],
+                            strict=True):  # fmt: skip
+        for o, t in zip(ours, theirs, strict=True):
+            assert torch.equal(o["tokens"], t["tokens"])
+            if pre_norm:  # our layer norm before the products, torch's one at a time
+                torch.testing.assert_close(o["positional_scores"], t["positional_scores"],
+                                           rtol=0, atol=1e-5)  # fmt: skip
+            else:  # the same kernels in the same order
+                assert torch.equal(o["positional_scores"], t["positional_scores"])
+                assert torch.equal(o["attention"], t["attention"])
+
+
+def test_a_gelu_layer_runs_one_call_at_a_time(vocab, sentences):
+    model = build_transformer(vocab, 1, activation_fn="gelu")
+    options = dict(beam_size=4, max_len_b=20)
+    gen = SequenceGenerator([model], vocab, **options)
+    sample = make_batch(vocab, 8, seed=3)
+    expected = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    assert_same(expected, gen.generate([model], sample))
+    assert gen.model.models[0].decoder.weights.decoder_in_kernel is None
+    out, _ = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
+    assert_same([alone(gen, s) for s in sentences], out)
+
+
+def test_bad_inputs_are_refused(vocab):
+    model = build_transformer(vocab, 1)
+    gen = SequenceGenerator([model], vocab, beam_size=2, max_len_b=5)
+    gen.generate([model], make_batch(vocab, 2, seed=1))
+    layers = gen.model.models[0].decoder.weights.decoder_in_kernel
+    heads, head_dim, rows, width = 2, 8, 3, 16
+    x = torch.randn(rows, 16)
+    windows = torch.zeros(4, 4, heads, width, head_dim)
+    sources = torch.arange(rows).view(rows, 1).expand(rows, width).contiguous()
+    bias = torch.zeros(rows, width)
+    memory = [torch.zeros(1, heads, head_dim, 16) for _ in range(2)]
+    values = [torch.zeros(1, heads, 16, head_dim) for _ in range(2)]
+    group = decoder_layers.Group(memory, values, torch.zeros(1, 1, 1, 16), rows)
+    out, probs = layers(x, windows, sources, bias, [group], 1)
+    assert out.shape == (rows, 16) and probs[0].shape == (rows, heads, 16)
+    bad = sources.clone()
+    bad[2, 5] = 4  # a slot past the history's
+    with pytest.raises(ValueError, match="must be slots"):
+        layers(x, windows, bad, bias, [group], 1)
+    with pytest.raises(ValueError, match="add up"):
+        layers(x, windows, sources, bias, [group._replace(rows=2)], 1)
+    with pytest.raises(ValueError, match="history window"):
+        layers(x, windows[:, :, :, :, :4], sources, bias, [group], 1)
+    with pytest.raises(ValueError, match="bias"):
+        layers(x, windows, sources, bias[:, :8], [group], 1)
+    with pytest.raises(ValueError, match="layout"):
+        layers(x, windows, sources, bias, [group._replace(values=memory)], 1)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        layers(x.double(), windows, sources, bias, [group], 1)
