@@ -1,7 +1,8 @@
 """A transformer decoder step's layers in one call of our kernels
 (beamplugin/kernels/native/decoder_layers.c): the bits of the same kernels called one at a
-time (post-norm), within float rounding of them (pre-norm: our layer norm for torch's), the
-calls one at a time where a layer is not ours to run (gelu), bad inputs refused."""
+time (post-norm), within float rounding of them (pre-norm, and int8's post-norm: our layer norm
+for torch's), the calls one at a time where a layer is not ours to run (gelu), bad inputs
+refused."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from builders import ORDERS, alone, assert_same, build_transformer, make_batch, 
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
-from beamplugin.kernels import decoder_layers
+from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from beamplugin.kernels import decoder_layers, int8_products
 from beamplugin.models import transformer_weights
+from beamplugin.modules import linear
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -38,17 +41,22 @@ def decode(vocab, sentences, model, monkeypatch, in_kernel: bool):
     return batch, streamed
 
 
-@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
-def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, pre_norm):
+@pytest.mark.parametrize("kind", ["post-norm", "pre-norm", "int8"])
+def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, kind):
     options = dict(encoder_normalize_before=True, decoder_normalize_before=True)
-    model = build_transformer(vocab, 1, **(options if pre_norm else {}))
+    model = build_transformer(vocab, 1, **(options if kind == "pre-norm" else {}))
+    if kind == "int8":
+        if not int8_products.available():
+            pytest.skip("no AVX512-VNNI here")
+        monkeypatch.setattr(linear, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
+        assert cast_for_decoding([model], "int8") == torch.float32
     one_call = decode(vocab, sentences, model, monkeypatch, in_kernel=True)
     one_at_a_time = decode(vocab, sentences, model, monkeypatch, in_kernel=False)
     for ours, theirs in zip([*one_call[0], *one_call[1]], [*one_at_a_time[0], *one_at_a_time[1]],
                             strict=True):  # fmt: skip
         for o, t in zip(ours, theirs, strict=True):
             assert torch.equal(o["tokens"], t["tokens"])
-            if pre_norm:  # our layer norm before the products, torch's one at a time
+            if kind != "post-norm":  # our layer norm (before or after the products) for torch's
                 torch.testing.assert_close(o["positional_scores"], t["positional_scores"],
                                            rtol=0, atol=1e-5)  # fmt: skip
             else:  # the same kernels in the same order

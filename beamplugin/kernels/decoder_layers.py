@@ -13,8 +13,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import native_library
+from beamplugin.kernels import int8_products, native_library
 from beamplugin.kernels.float_products import Panels
+from beamplugin.kernels.int8_products import Int8Panels
 
 Norm = tuple[Tensor, Tensor, float]  # weight, bias, eps
 _P = ctypes.c_void_p
@@ -22,11 +23,13 @@ _I = ctypes.c_int64
 
 
 class Product(NamedTuple):
-    """A packed float32 weight, its bias, and the post-norm its call applies (or None)."""
+    """A packed weight (float32, or int8 with its channel scales), its bias, and the post-norm
+    its call applies (or None)."""
 
-    panels: Panels
+    panels: Panels | Int8Panels
     bias: Tensor | None
     norm: Norm | None
+    scales: Tensor | None = None  # an int8 weight's, per output channel
 
 
 class Layer(NamedTuple):
@@ -55,8 +58,8 @@ class Group(NamedTuple):
 
 
 class _Product(ctypes.Structure):
-    _fields_ = [("panels", _P), ("bias", _P), ("gamma", _P), ("beta", _P),
-                ("eps", ctypes.c_float), ("out", _I), ("inner", _I)]  # fmt: skip
+    _fields_ = [("panels", _P), ("sums", _P), ("scales", _P), ("bias", _P), ("gamma", _P),
+                ("beta", _P), ("eps", ctypes.c_float), ("out", _I), ("inner", _I)]  # fmt: skip
 
 
 class _Norm(ctypes.Structure):
@@ -77,14 +80,15 @@ class _Group(ctypes.Structure):
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [("products", _P), ("norm", _P), ("self_attention", _P), ("cross_attention", _P)]
+    _fields_ = [("products", _P), ("int8_products", _P), ("smallest", ctypes.c_float)]
+    _fields_ += [("norm", _P), ("self_attention", _P), ("cross_attention", _P)]
     _fields_ += [(name, _I) for name in ("layers", "rows", "embed", "heads", "head_dim",
                                          "hidden", "width", "slots", "row_stride",
                                          "head_stride", "groups", "alignment_layer")]  # fmt: skip
     _fields_ += [("sources", _P), ("bias", _P), ("group", ctypes.POINTER(_Group))]
     _fields_ += [(name, _P) for name in ("x", "a", "b", "normed", "qkv", "context", "query",
                                          "inner")]  # fmt: skip
-    _fields_ += [("threads", ctypes.c_int)]
+    _fields_ += [("threads", ctypes.c_int), ("failed", ctypes.c_int)]
 
 
 @functools.cache
@@ -100,7 +104,11 @@ def _kernels() -> tuple[Any, list[int | None]] | None:
     ]
     if run is None or None in parts:
         return None
-    return run, parts
+    # int8 products where this CPU has the kernel (else no layer is given int8 panels)
+    int8 = None
+    if int8_products.available():
+        int8 = native_library.address("int8_products", "int8_products")
+    return run, [parts[0], int8, parts[1], parts[2], parts[3]]
 
 
 def available() -> bool:
@@ -124,22 +132,28 @@ class DecoderLayers:
     def __init__(self, layers: list[Layer], heads: int) -> None:
         self.kernels = _kernels()
         assert self.kernels is not None, "check available() first"
+        addresses = self.kernels[1]
         self.layers = layers  # keeps the tensors the pointers below point into
         first = layers[0]
         self.embed, self.hidden = first.qkv.panels.in_features, first.fc1.panels.out_features
         self.heads, self.head_dim = heads, self.embed // heads
         for layer in layers:
             for product in layer[:6]:
-                tensors = [product.bias, *(product.norm or ())[:2]]
+                tensors = [product.bias, product.scales, *(product.norm or ())[:2]]
                 if any(t is not None and not t.is_contiguous() for t in tensors):
                     raise ValueError("biases and norm weights must be contiguous")
         self.table = (_Layer * len(layers))()
         for entry, layer in zip(self.table, layers, strict=True):
             for name, product in zip(Layer._fields[:6], layer[:6], strict=True):
                 gamma, beta, eps = product.norm or (None, None, 0.0)
+                panels = product.panels
+                int8 = isinstance(panels, Int8Panels)
+                if int8 and (addresses[1] is None or product.scales is None):
+                    raise ValueError("int8 panels need this CPU's int8 kernel and their scales")
                 setattr(entry, name, _Product(
-                    product.panels.values.data_ptr(), _pointer(product.bias), _pointer(gamma),
-                    _pointer(beta), eps, product.panels.out_features, product.panels.in_features,
+                    panels.values.data_ptr(), panels.sums.data_ptr() if int8 else None,
+                    _pointer(product.scales), _pointer(product.bias), _pointer(gamma),
+                    _pointer(beta), eps, panels.out_features, panels.in_features,
                 ))  # fmt: skip
             entry.self_norm, entry.cross_norm = _norm(layer.self_norm), _norm(layer.cross_norm)
             entry.final_norm = _norm(layer.final_norm)
@@ -208,12 +222,15 @@ class DecoderLayers:
             entry.probs, entry.rows = weights.data_ptr(), group.rows
             entry.each, entry.src = group.rows // sentences, src
         step = _Step(
-            *addresses, layers, rows, embed, heads, head_dim, self.hidden, width, slots,
+            addresses[0], addresses[1], int8_products.SMALLEST_SCALE, *addresses[2:],
+            layers, rows, embed, heads, head_dim, self.hidden, width, slots,
             windows.stride(1), windows.stride(2), len(groups), alignment_layer,
             sources.data_ptr(), bias.data_ptr(), group_table, x.data_ptr(), a, b, normed, qkv,
-            context, query, inner, torch.get_num_threads(),
+            context, query, inner, torch.get_num_threads(), 0,
         )  # fmt: skip
         out = run(ctypes.byref(step), table)
+        if out is None and step.failed == 2:
+            raise MemoryError(f"no memory to quantize {rows} rows")
         if out is None:
             raise ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
         return (parts[0] if out == a else parts[1]).view(rows, embed), probs

@@ -21,6 +21,9 @@ from beamplugin.kernels import native_library
 from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
 PANEL = 32  # output channels a panel holds (int8_products.c's NR)
+# A row's scale is at least this, so that dividing by it stays finite (a zero row quantizes to
+# zeros, not to NaN).
+SMALLEST_SCALE = 1e-30
 GROUP = 4  # inner positions a vpdpbusd lane sums
 
 

@@ -127,8 +127,8 @@ def _in_kernel(
     decoder: nn.Module, layers: list[LayerWeights]
 ) -> decoder_layers.DecoderLayers | None:
     """``layers`` for beamplugin.kernels.decoder_layers: where every product is on our float32
-    kernel (not int8, not half precision), the activation a relu and every norm affine; else
-    None (the layers run one call at a time)."""
+    or int8 kernel (not half precision, not torch's), the activation a relu and every norm
+    affine; else None (the layers run one call at a time)."""
     if not decoder_layers.available():
         return None
     plan = []
@@ -141,15 +141,14 @@ def _in_kernel(
             return None
         products = [weights.self_qkv, weights.self_out, weights.cross_query, weights.cross_out,
                     weights.fc1, weights.fc2]  # fmt: skip
-        if not all(
-            isinstance(w.packed, Panels) and w.packed.values.dtype == torch.float32
-            and w.int8 is None for w in products
-        ):  # fmt: skip
+        if not all(_on_our_kernels(w) for w in products):
             return None
         before = layer.normalize_before
         post = [None if before else norm for norm in affine]  # inside the sublayer's last call
 
         def product(w: PreparedLinear, norm: decoder_layers.Norm | None = None):
+            if w.int8 is not None:
+                return decoder_layers.Product(w.int8.panels, w.int8.bias, norm, w.int8.scales)
             return decoder_layers.Product(w.packed, w.bias, norm)
 
         plan.append(decoder_layers.Layer(
@@ -162,6 +161,12 @@ def _in_kernel(
         return decoder_layers.DecoderLayers(plan, decoder.layers[0].self_attn.num_heads)
     except ValueError:  # a bias or norm weight that is not contiguous
         return None
+
+
+def _on_our_kernels(weight: PreparedLinear) -> bool:
+    if weight.int8 is not None:
+        return weight.int8.panels is not None
+    return isinstance(weight.packed, Panels) and weight.packed.values.dtype == torch.float32
 
 
 def _stacked(projections: list[nn.Linear], int8: bool, scaling: float = 1.0) -> PreparedLinear:

@@ -96,9 +96,6 @@ def int8_weight_levels() -> int:
     return 127 if _int8_products_are_exact(127) else 63
 
 
-# A row's scale is at least this, so that dividing by it stays finite (a zero row quantizes to
-# zeros, not to NaN).
-_SMALLEST_SCALE = 1e-30
 
 
 class Int8Weight(NamedTuple):
@@ -140,12 +137,13 @@ def int8_linear(
     if weight.panels is not None and x.device.type == "cpu" and x.dtype == torch.float32:
         rows = x.reshape(-1, x.size(-1))
         other = None if residual is None else residual.reshape(rows.size(0), -1)
+        smallest = int8_products.SMALLEST_SCALE
         out = int8_products.product(
-            rows, weight.panels, weight.scales, weight.bias, _SMALLEST_SCALE, other, relu
+            rows, weight.panels, weight.scales, weight.bias, smallest, other, relu
         )
         return out.view(*x.shape[:-1], weight.values.size(0))
     rows = x.reshape(-1, x.size(-1))
-    scale = rows.abs().amax(1, keepdim=True).div_(127).clamp_(min=_SMALLEST_SCALE)
+    scale = rows.abs().amax(1, keepdim=True).div_(127).clamp_(min=int8_products.SMALLEST_SCALE)
     quantized = torch.div(rows, scale).round_().to(torch.int8)
     # converted first: torch's mixed int32 x float32 multiply is far slower (docs/precision.md)
     out = torch._int_mm(quantized, weight.values.t()).float()

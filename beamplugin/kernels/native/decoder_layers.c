@@ -2,7 +2,7 @@
  * rows' histories, the cross-attention over their sentences' encoder memory, the feed-forward,
  * each sublayer's residual and layer norm (before its products in a pre-norm layer, inside its
  * last product in a post-norm one), calling the float32 product, norm and attention kernels of
- * products.c and attention.c through the pointers it is given. Python made the same calls one
+ * products.c (or int8_products.c) and attention.c through the pointers it is given. Python made the same calls one
  * by one, 5-6 us each at a step's few rows, some 150 us a step for 3 layers (docs/speed.md):
  * the same kernels in the same order, so the same bits. */
 #include <stdint.h>
@@ -13,6 +13,11 @@ typedef void (*products_fn)(const float *x, int64_t ldx, const float *panels, co
                             const float *residual, int64_t ldr, float *y, int64_t ldy, int64_t m,
                             int64_t n, int64_t k_len, int relu, const float *gamma,
                             const float *beta, float eps, int threads);
+typedef int (*int8_products_fn)(const float *x, int64_t ldx, int64_t k, float smallest,
+                                const void *panels, const int32_t *sums,
+                                const float *channel_scales, const float *bias,
+                                const float *residual, int64_t ldr, float *y, int64_t ldy,
+                                int64_t m, int64_t n, int relu, int threads);
 typedef void (*norm_fn)(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m, int64_t n,
                         const float *gamma, const float *beta, float eps, int threads);
 typedef int (*self_attention_fn)(const float *qkv, int64_t qkv_stride, float *keys,
@@ -28,7 +33,9 @@ typedef void (*cross_attention_fn)(const float *q, int64_t q_stride, const float
                                    int64_t head_dim, int64_t src, int threads);
 
 struct product { /* a packed weight [out, in], its bias and a post-norm (gamma NULL: none) */
-    const float *panels, *bias, *gamma, *beta;
+    const void *panels; /* float32, or int8 where sums is not NULL */
+    const int32_t *sums;
+    const float *scales, *bias, *gamma, *beta;
     float eps;
     int64_t out, in;
 };
@@ -54,6 +61,8 @@ struct group { /* rows of sentences whose memory is one pool's (attention.c's la
 
 struct step {
     products_fn products;
+    int8_products_fn int8_products;
+    float smallest; /* an int8 row scale's least */
     norm_fn norm;
     self_attention_fn self_attention;
     cross_attention_fn cross_attention;
@@ -64,6 +73,8 @@ struct step {
     struct group *group;
     float *x, *a, *b, *normed, *qkv, *context, *query, *inner; /* scratch, rows wide */
     int threads;
+    int failed; /* written: 1 if the self-attention refused its sources, 2 if an int8 product
+                   could not allocate its quantized rows */
 };
 
 static int threads_for(const struct step *s, int64_t work)
@@ -71,12 +82,24 @@ static int threads_for(const struct step *s, int64_t work)
     return work >= PARALLEL_WORK ? s->threads : 1;
 }
 
-static void product(const struct step *s, const struct product *p, const float *x, int64_t ldx,
-                    const float *residual, float *y, int relu)
+/* 0, or -1 if an int8 product could not allocate its quantized rows */
+static int product(const struct step *s, const struct product *p, const float *x, int64_t ldx,
+                   const float *residual, float *y, int relu)
 {
-    s->products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y, p->out, s->rows,
-                p->out, p->in, relu, p->gamma, p->beta, p->eps,
-                threads_for(s, s->rows * p->out * p->in));
+    int threads = threads_for(s, s->rows * p->out * p->in);
+    if (!p->sums) {
+        s->products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y, p->out,
+                    s->rows, p->out, p->in, relu, p->gamma, p->beta, p->eps, threads);
+        return 0;
+    }
+    if (s->int8_products(x, ldx, p->in, s->smallest, p->panels, p->sums, p->scales, p->bias,
+                         residual, residual ? p->out : 0, y, p->out, s->rows, p->out, relu,
+                         threads))
+        return -1;
+    if (p->gamma)
+        s->norm(y, p->out, y, p->out, s->rows, p->out, p->gamma, p->beta, p->eps,
+                threads_for(s, s->rows * p->out * 64));
+    return 0;
 }
 
 /* a sublayer's input: x, or x normed into s->normed */
@@ -89,9 +112,15 @@ static const float *input(const struct step *s, const struct norm *n, const floa
     return s->normed;
 }
 
-/* Runs the layers on s->x ([rows, embed]); returns the output (s->a or s->b), or NULL if the
- * self-attention refused its sources. */
-const float *decoder_layers(const struct step *s, const struct layer *layers)
+static const float *out_of_memory(struct step *s)
+{
+    s->failed = 2;
+    return 0;
+}
+
+/* Runs the layers on s->x ([rows, embed]); returns the output (s->a or s->b), or NULL (and why
+ * in s->failed). */
+const float *decoder_layers(struct step *s, const struct layer *layers)
 {
     int64_t E = s->embed, H = s->heads, D = s->head_dim;
     float *x = s->x, *spare[2] = {s->a, s->b};
@@ -100,16 +129,21 @@ const float *decoder_layers(const struct step *s, const struct layer *layers)
         const struct layer *L = layers + l;
         float *out = spare[turn];
         turn ^= 1;
-        product(s, &L->qkv, input(s, &L->self_norm, x), E, 0, s->qkv, 0);
+        if (product(s, &L->qkv, input(s, &L->self_norm, x), E, 0, s->qkv, 0))
+            return out_of_memory(s);
         if (s->self_attention(s->qkv, 3 * E, L->keys, L->values, s->row_stride, s->head_stride,
                               s->sources, s->slots, s->bias, 0, s->context, s->rows, H, D,
-                              s->width, threads_for(s, s->rows * H * s->width * D)))
+                              s->width, threads_for(s, s->rows * H * s->width * D))) {
+            s->failed = 1;
             return 0;
-        product(s, &L->self_out, s->context, E, x, out, 0);
+        }
+        if (product(s, &L->self_out, s->context, E, x, out, 0))
+            return out_of_memory(s);
         x = out;
         out = spare[turn];
         turn ^= 1;
-        product(s, &L->cross_query, input(s, &L->cross_norm, x), E, 0, s->query, 0);
+        if (product(s, &L->cross_query, input(s, &L->cross_norm, x), E, 0, s->query, 0))
+            return out_of_memory(s);
         int64_t first = 0;
         for (int64_t g = 0; g < s->groups; g++) {
             const struct group *G = s->group + g;
@@ -120,12 +154,14 @@ const float *decoder_layers(const struct step *s, const struct layer *layers)
                                H, D, G->src, threads_for(s, G->rows * H * G->src * D));
             first += G->rows;
         }
-        product(s, &L->cross_out, s->context, E, x, out, 0);
+        if (product(s, &L->cross_out, s->context, E, x, out, 0))
+            return out_of_memory(s);
         x = out;
         out = spare[turn];
         turn ^= 1;
-        product(s, &L->fc1, input(s, &L->final_norm, x), E, 0, s->inner, 1);
-        product(s, &L->fc2, s->inner, s->hidden, x, out, 0);
+        if (product(s, &L->fc1, input(s, &L->final_norm, x), E, 0, s->inner, 1) ||
+            product(s, &L->fc2, s->inner, s->hidden, x, out, 0))
+            return out_of_memory(s);
         x = out;
     }
     return x;

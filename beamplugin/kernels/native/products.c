@@ -126,11 +126,12 @@ void products(const float *x, int64_t ldx, const float *panels, const float *bia
         normalize_rows(y, ldy, m, n, gamma, beta, eps, threads);
 }
 
-/* y = x layer-normed row by row (normalize_rows' order and bits): a pre-norm sublayer's input */
+/* y = x layer-normed row by row (normalize_rows' order and bits; x may be y): a pre-norm
+ * sublayer's input, or an int8 product's post-norm */
 void layer_norm_rows(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m, int64_t n,
                      const float *gamma, const float *beta, float eps, int threads)
 {
-    for (int64_t r = 0; r < m; r++)
+    for (int64_t r = 0; r < m && x != y; r++)
         memcpy(y + r * ldy, x + r * ldx, n * sizeof(float));
     normalize_rows(y, ldy, m, n, gamma, beta, eps, threads);
 }
