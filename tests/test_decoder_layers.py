@@ -31,7 +31,7 @@ pytestmark = [
 def decode(vocab, sentences, model, monkeypatch, in_kernel: bool):
     with monkeypatch.context() as patch:
         if not in_kernel:
-            patch.setattr(transformer_weights, "_in_kernel", lambda decoder, layers: None)
+            patch.setattr(transformer_weights, "_in_kernel", lambda *_: None)
         gen = SequenceGenerator([model], vocab, beam_size=4, nbest=2, max_len_b=20)
         view = gen.model.models[0]
         batch = gen.generate([model], make_batch(vocab, 8, seed=3))
@@ -82,26 +82,26 @@ def test_bad_inputs_are_refused(vocab):
     gen.generate([model], make_batch(vocab, 2, seed=1))
     layers = gen.model.models[0].decoder.weights.decoder_in_kernel
     heads, head_dim, rows, width = 2, 8, 3, 16
-    x = torch.randn(rows, 16)
+    tokens = torch.tensor([[2, 5, 6], [1, 2, 7], [2, 8, 9]])  # 1: pad
     windows = torch.zeros(4, 4, heads, width, head_dim)
     sources = torch.arange(rows).view(rows, 1).expand(rows, width).contiguous()
-    bias = torch.zeros(rows, width)
     memory = [torch.zeros(1, heads, head_dim, 16) for _ in range(2)]
     values = [torch.zeros(1, heads, 16, head_dim) for _ in range(2)]
     group = decoder_layers.Group(memory, values, torch.zeros(1, 1, 1, 16), rows)
-    out, probs = layers(x, windows, sources, bias, [group], 1)
-    assert out.shape == (rows, 16) and probs[0].shape == (rows, heads, 16)
+    logits, probs = layers(tokens, windows, sources, [group], 1)
+    assert logits.shape == (rows, len(vocab)) and probs[0].shape == (rows, heads, 16)
+    assert logits.isfinite().all()
     bad = sources.clone()
     bad[2, 5] = 4  # a slot past the history's
     with pytest.raises(ValueError, match="must be slots"):
-        layers(x, windows, bad, bias, [group], 1)
+        layers(tokens, windows, bad, [group], 1)
+    with pytest.raises(ValueError, match="token outside"):
+        layers(tokens.masked_fill(tokens.eq(9), len(vocab)), windows, sources, [group], 1)
     with pytest.raises(ValueError, match="add up"):
-        layers(x, windows, sources, bias, [group._replace(rows=2)], 1)
+        layers(tokens, windows, sources, [group._replace(rows=2)], 1)
     with pytest.raises(ValueError, match="history window"):
-        layers(x, windows[:, :, :, :, :4], sources, bias, [group], 1)
-    with pytest.raises(ValueError, match="bias"):
-        layers(x, windows, sources, bias[:, :8], [group], 1)
+        layers(tokens, windows[:, :, :, :, :4], sources, [group], 1)
     with pytest.raises(ValueError, match="layout"):
-        layers(x, windows, sources, bias, [group._replace(values=memory)], 1)
-    with pytest.raises(ValueError, match="contiguous float32"):
-        layers(x.double(), windows, sources, bias, [group], 1)
+        layers(tokens, windows, sources, [group._replace(values=memory)], 1)
+    with pytest.raises(ValueError, match="int64"):
+        layers(tokens.int(), windows, sources, [group], 1)

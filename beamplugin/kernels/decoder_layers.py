@@ -1,8 +1,9 @@
-"""A transformer decoder step's layers in one call (``native/decoder_layers.c``), float32 on the
-CPU: the products, norms and attention kernels that Python called one by one (5-6 us each at a
-step's few rows, some 150 us a step for 3 layers), called from C in the same order, so with the
-same bits. The weights' pointers are set once per :class:`DecoderLayers`; a step fills in its
-rows, history windows and memory."""
+"""A transformer decoder step in one call (``native/decoder_layers.c``) on the CPU: the last
+tokens' embeddings and positions, the history's mask, the layers' products (float32 or int8),
+norms and attention kernels, the final norm and the output projection, which Python called one
+by one (5-6 us each at a step's few rows, some 200 us a step for 3 layers), called from C in
+the same order, so with the same bits. The weights' pointers are set once per
+:class:`DecoderLayers`; a step fills in its tokens, history window and memory."""
 
 from __future__ import annotations
 
@@ -46,6 +47,19 @@ class Layer(NamedTuple):
     final_norm: Norm | None
 
 
+class Ends(NamedTuple):
+    """What comes before the layers and after them: the token embedding ``[vocab, embed]`` and
+    its scale, the positions' table ``[positions, embed]`` (row pad + a row's own tokens), the
+    padding token; the final norm (or None) and the output projection."""
+
+    embedding: Tensor
+    scale: float
+    positions: Tensor
+    pad: int
+    final_norm: Norm | None
+    output: Product
+
+
 class Group(NamedTuple):
     """Rows of sentences that read one memory pool: every layer's keys ``[sentences, heads,
     head_dim, src]`` and values ``[sentences, heads, src, head_dim]`` (attention.c's layout),
@@ -80,7 +94,11 @@ class _Group(ctypes.Structure):
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [("products", _P), ("int8_products", _P), ("smallest", ctypes.c_float)]
+    _fields_ = [("tokens", _P)]
+    _fields_ += [(name, _I) for name in ("token_stride", "steps", "pad", "vocab", "positions")]
+    _fields_ += [("embedding", _P), ("position_table", _P), ("embed_scale", ctypes.c_float)]
+    _fields_ += [("final_norm", _Norm), ("output", _Product), ("logits", _P)]
+    _fields_ += [("products", _P), ("int8_products", _P), ("smallest", ctypes.c_float)]
     _fields_ += [("norm", _P), ("self_attention", _P), ("cross_attention", _P)]
     _fields_ += [(name, _I) for name in ("layers", "rows", "embed", "heads", "head_dim",
                                          "hidden", "width", "slots", "row_stride",
@@ -120,6 +138,22 @@ def _pointer(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _product(product: Product, int8_kernel: int | None) -> _Product:
+    gamma, beta, eps = product.norm or (None, None, 0.0)
+    panels = product.panels
+    int8 = isinstance(panels, Int8Panels)
+    if int8 and (int8_kernel is None or product.scales is None):
+        raise ValueError("int8 panels need this CPU's int8 kernel and their scales")
+    tensors = [product.bias, product.scales, gamma, beta]
+    if any(t is not None and not t.is_contiguous() for t in tensors):
+        raise ValueError("biases, scales and norm weights must be contiguous")
+    return _Product(
+        panels.values.data_ptr(), panels.sums.data_ptr() if int8 else None,
+        _pointer(product.scales), _pointer(product.bias), _pointer(gamma), _pointer(beta), eps,
+        panels.out_features, panels.in_features,
+    )  # fmt: skip
+
+
 def _norm(norm: Norm | None) -> _Norm:
     if norm is None:
         return _Norm(None, None, 0.0)
@@ -127,69 +161,64 @@ def _norm(norm: Norm | None) -> _Norm:
 
 
 class DecoderLayers:
-    """``layers`` (float32, contiguous tensors) ready to run a step's rows through them."""
+    """``layers`` and their ``ends`` (float32 or int8 products, contiguous tensors) ready to run
+    a step's rows through them."""
 
-    def __init__(self, layers: list[Layer], heads: int) -> None:
+    def __init__(self, layers: list[Layer], ends: Ends, heads: int) -> None:
         self.kernels = _kernels()
         assert self.kernels is not None, "check available() first"
-        addresses = self.kernels[1]
-        self.layers = layers  # keeps the tensors the pointers below point into
+        int8_kernel = self.kernels[1][1]
+        self.layers, self.ends = layers, ends  # keep the tensors the pointers point into
         first = layers[0]
         self.embed, self.hidden = first.qkv.panels.in_features, first.fc1.panels.out_features
         self.heads, self.head_dim = heads, self.embed // heads
-        for layer in layers:
-            for product in layer[:6]:
-                tensors = [product.bias, product.scales, *(product.norm or ())[:2]]
-                if any(t is not None and not t.is_contiguous() for t in tensors):
-                    raise ValueError("biases and norm weights must be contiguous")
+        self.vocab = ends.output.panels.out_features
+        tables = (ends.embedding, ends.positions)
+        if any(t.dtype != torch.float32 or not t.is_contiguous() or t.size(1) != self.embed
+               for t in tables):  # fmt: skip
+            raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = (_Layer * len(layers))()
         for entry, layer in zip(self.table, layers, strict=True):
             for name, product in zip(Layer._fields[:6], layer[:6], strict=True):
-                gamma, beta, eps = product.norm or (None, None, 0.0)
-                panels = product.panels
-                int8 = isinstance(panels, Int8Panels)
-                if int8 and (addresses[1] is None or product.scales is None):
-                    raise ValueError("int8 panels need this CPU's int8 kernel and their scales")
-                setattr(entry, name, _Product(
-                    panels.values.data_ptr(), panels.sums.data_ptr() if int8 else None,
-                    _pointer(product.scales), _pointer(product.bias), _pointer(gamma),
-                    _pointer(beta), eps, panels.out_features, panels.in_features,
-                ))  # fmt: skip
+                setattr(entry, name, _product(product, int8_kernel))
             entry.self_norm, entry.cross_norm = _norm(layer.self_norm), _norm(layer.cross_norm)
             entry.final_norm = _norm(layer.final_norm)
+        self.output = _product(ends.output, int8_kernel)
+        self.final_norm = _norm(ends.final_norm)
 
     def __call__(
         self,
-        x: Tensor,
+        tokens: Tensor,
         windows: Tensor,
         sources: Tensor,
-        bias: Tensor,
         groups: list[Group],
         alignment_layer: int,
     ) -> tuple[Tensor, list[Tensor]]:
-        """The layers' output ``[rows, embed]`` for ``x`` ``[rows, embed]``, the rows'
-        histories ``windows`` ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s
-        column ``j`` in slot ``sources[r, j]``; its last column written here, in slot ``r``)
-        masked by ``bias`` ``[rows, width]`` (0 or -inf), reading ``groups``' memories; and
-        the alignment layer's cross-attention weights per group ``[rows, heads, src]``."""
+        """The logits ``[rows, vocab]`` of the next token after ``tokens`` ``[rows, steps]``
+        (int64, right-aligned, pad before a row's own), given the rows' histories ``windows``
+        ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s column ``j`` in slot
+        ``sources[r, j]``; its last column written here, in slot ``r``) and ``groups``'
+        memories; and the alignment layer's cross-attention weights per group ``[rows, heads,
+        src]``."""
         run, addresses = self.kernels
-        rows, embed = x.shape
-        layers, heads, head_dim = len(self.layers), self.heads, self.head_dim
+        rows, steps = tokens.shape
+        embed, layers, heads, head_dim = self.embed, len(self.layers), self.heads, self.head_dim
         slots, width = windows.size(1), sources.size(1)
-        if embed != self.embed or x.dtype != torch.float32 or not x.is_contiguous():
-            raise ValueError(f"x must be contiguous float32 [rows, {self.embed}]")
+        if tokens.dtype != torch.int64 or tokens.stride(1) != 1 or steps > width:
+            raise ValueError(f"tokens must be int64 [rows, at most {width}], steps consecutive")
         if windows.shape != (2 * layers, slots, heads, width, head_dim) or windows.stride()[3:] != (
             head_dim, 1,
         ):  # fmt: skip
             raise ValueError(f"the history window {tuple(windows.shape)} is not this model's")
         if sources.dtype != torch.int64 or not sources.is_contiguous() or sources.size(0) != rows:
             raise ValueError("sources must be [rows, width] contiguous int64")
-        if bias.shape != (rows, width) or not bias.is_contiguous():
-            raise ValueError("the bias must be [rows, width], contiguous")
-        scratch = x.new_empty(rows * (8 * embed + self.hidden))
-        sizes = [rows * n for n in (embed, embed, embed, 3 * embed, embed, embed, self.hidden)]
-        parts = scratch.split(sizes)
-        a, b, normed, qkv, context, query, inner = (p.data_ptr() for p in parts)
+        if windows.dtype != torch.float32 or not windows.is_cpu:
+            raise ValueError("the history must be float32 on the CPU")
+        x = windows.new_empty(rows * (9 * embed + self.hidden + width + self.vocab))
+        sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
+        parts = x.split([rows * n for n in (*sizes, self.vocab)])
+        pointers = [p.data_ptr() for p in parts]
+        logits = parts[-1].view(rows, self.vocab)
         table = self.table
         for index, entry in enumerate(table):
             entry.keys = windows[2 * index].data_ptr()
@@ -213,7 +242,7 @@ class DecoderLayers:
             key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
             value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
             kept += [key_pointers, value_pointers]
-            weights = x.new_empty((group.rows, heads, src))
+            weights = windows.new_empty((group.rows, heads, src))
             probs.append(weights)
             entry.keys, entry.values = key_pointers, value_pointers
             entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
@@ -221,16 +250,22 @@ class DecoderLayers:
             entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
             entry.probs, entry.rows = weights.data_ptr(), group.rows
             entry.each, entry.src = group.rows // sentences, src
+        ends = self.ends
         step = _Step(
+            tokens.data_ptr(), tokens.stride(0), steps, ends.pad, ends.embedding.size(0),
+            ends.positions.size(0), ends.embedding.data_ptr(), ends.positions.data_ptr(),
+            ends.scale, self.final_norm, self.output, pointers[-1],
             addresses[0], addresses[1], int8_products.SMALLEST_SCALE, *addresses[2:],
             layers, rows, embed, heads, head_dim, self.hidden, width, slots,
             windows.stride(1), windows.stride(2), len(groups), alignment_layer,
-            sources.data_ptr(), bias.data_ptr(), group_table, x.data_ptr(), a, b, normed, qkv,
-            context, query, inner, torch.get_num_threads(), 0,
+            sources.data_ptr(), pointers[8], group_table, *pointers[:8],
+            torch.get_num_threads(), 0,
         )  # fmt: skip
-        out = run(ctypes.byref(step), table)
+        out = run(ctypes.byref(step), self.table)
         if out is None and step.failed == 2:
             raise MemoryError(f"no memory to quantize {rows} rows")
+        if out is None and step.failed == 3:
+            raise ValueError("a token outside the embedding, or a position outside its table")
         if out is None:
             raise ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
-        return (parts[0] if out == a else parts[1]).view(rows, embed), probs
+        return logits, probs

@@ -209,6 +209,11 @@ class MixedStepTransformerDecoder(nn.Module):
         d, weights = self.decoder, self.weights
         tokens = prev_output_tokens
         rows, steps = tokens.shape
+        in_kernel = weights.decoder_in_kernel
+        if in_kernel is not None and tokens.is_cpu and not torch.is_grad_enabled():
+            history = self.history.advance(incremental_state, rows, steps, weights.output.weight)
+            logits, attn = self._step_in_kernel(in_kernel, tokens, history, encoder_out)
+            return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
         width = history.sources.size(1)
@@ -219,10 +224,7 @@ class MixedStepTransformerDecoder(nn.Module):
         if not native:  # torch's batched products take [rows x heads, 1, width]
             own_bias = own_bias.view(rows, 1, 1, width).expand(rows, self.heads, 1, width)
             own_bias = own_bias.reshape(-1, 1, width)
-        if native and weights.decoder_in_kernel is not None:
-            x, attn = self._layers_in_kernel(x, history, own_bias, encoder_out)
-        else:
-            x, attn = self._layers(x, history, own_bias, encoder_out, native)
+        x, attn = self._layers(x, history, own_bias, encoder_out, native)
         if d.layer_norm is not None:
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
@@ -230,11 +232,15 @@ class MixedStepTransformerDecoder(nn.Module):
         logits = weights.output(x)
         return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
 
-    def _layers_in_kernel(
-        self, x: Tensor, history: Window, bias: Tensor, encoder_out: dict[str, Any]
+    def _step_in_kernel(
+        self,
+        in_kernel: decoder_layers.DecoderLayers,
+        tokens: Tensor,
+        history: Window,
+        encoder_out: dict[str, Any],
     ) -> tuple[Tensor, Tensor]:
-        """Every layer in one call of our kernels (beamplugin.kernels.decoder_layers), and the
-        alignment layer's cross-attention weights averaged over heads."""
+        """The step in one call of our kernels (beamplugin.kernels.decoder_layers): the logits
+        ``[rows, vocab]`` and the alignment layer's cross-attention averaged over heads."""
         layers = range(len(self.decoder.layers))
         groups = [
             decoder_layers.Group(
@@ -245,15 +251,15 @@ class MixedStepTransformerDecoder(nn.Module):
             )
             for memory, group_rows in encoder_out["attention_groups"]
         ]
-        x, probs = self.weights.decoder_in_kernel(
-            x, history.keys_values, history.sources, bias, groups, self.alignment_layer
+        logits, probs = in_kernel(
+            tokens, history.keys_values, history.sources, groups, self.alignment_layer
         )
         means = []
         for group, weights in zip(groups, probs, strict=True):
             sentences, width = group.bias.size(0), group.bias.size(3)
             per_head = weights.view(sentences, group.rows // sentences, -1, width)
             means.append(per_head.mean(dim=2).reshape(group.rows, 1, width))
-        return x, _side_by_side(means).to(x)
+        return logits, _side_by_side(means)
 
     def _layers(
         self,

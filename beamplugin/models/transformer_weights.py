@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from fairseq.modules import LearnedPositionalEmbedding
 from torch import nn
 
 from beamplugin.kernels import decoder_layers
@@ -100,7 +101,7 @@ class TransformerWeights:
         self.memory = _stacked([p for a in cross for p in (a.k_proj, a.v_proj)], False)
         projection = decoder.output_projection
         self.output = prepare_linear(projection.weight, projection.bias, int8)
-        self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers)
+        self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers, self.output)
 
 
 def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
@@ -124,12 +125,16 @@ def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
 
 
 def _in_kernel(
-    decoder: nn.Module, layers: list[LayerWeights]
+    decoder: nn.Module, layers: list[LayerWeights], output: PreparedLinear
 ) -> decoder_layers.DecoderLayers | None:
-    """``layers`` for beamplugin.kernels.decoder_layers: where every product is on our float32
-    or int8 kernel (not half precision, not torch's), the activation a relu and every norm
-    affine; else None (the layers run one call at a time)."""
+    """The decoder's step for beamplugin.kernels.decoder_layers: where every product is on our
+    float32 or int8 kernel (not half precision, not torch's), the activation a relu, every norm
+    affine, and the embedding plain (fairseq's scaled tokens plus positions); else None (the
+    step runs one call at a time)."""
     if not decoder_layers.available():
+        return None
+    ends = _ends(decoder, output)
+    if ends is None:
         return None
     plan = []
     for layer, weights in zip(decoder.layers, layers, strict=True):
@@ -158,9 +163,37 @@ def _in_kernel(
             *(norm if before else None for norm in affine),
         ))  # fmt: skip
     try:
-        return decoder_layers.DecoderLayers(plan, decoder.layers[0].self_attn.num_heads)
-    except ValueError:  # a bias or norm weight that is not contiguous
+        return decoder_layers.DecoderLayers(plan, ends, decoder.layers[0].self_attn.num_heads)
+    except ValueError:  # a weight that is not contiguous, or not float32
         return None
+
+
+def _ends(decoder: nn.Module, output: PreparedLinear) -> decoder_layers.Ends | None:
+    """The embedding, positions, final norm and output of ``decoder`` for its step in one call,
+    or None where it has parts that call does not compute."""
+    extras = [decoder.quant_noise, decoder.project_in_dim, decoder.project_out_dim]
+    extras.append(decoder.layernorm_embedding)
+    positions, tokens = decoder.embed_positions, decoder.embed_tokens
+    if any(part is not None for part in extras) or positions is None or tokens.max_norm:
+        return None
+    if isinstance(positions, LearnedPositionalEmbedding):
+        if positions.max_norm:
+            return None
+        table = positions.weight.detach()
+    else:
+        table = positions.weights.detach()
+    norm = decoder.layer_norm
+    if norm is not None and (norm.weight is None or norm.bias is None):
+        return None
+    final = None if norm is None else (norm.weight.detach(), norm.bias.detach(), norm.eps)
+    if not _on_our_kernels(output):
+        return None
+    if output.int8 is not None:
+        out = decoder_layers.Product(output.int8.panels, output.int8.bias, None, output.int8.scales)
+    else:
+        out = decoder_layers.Product(output.packed, output.bias, None)
+    embedding, scale = tokens.weight.detach(), float(decoder.embed_scale)
+    return decoder_layers.Ends(embedding, scale, table, decoder.padding_idx, final, out)
 
 
 def _on_our_kernels(weight: PreparedLinear) -> bool:

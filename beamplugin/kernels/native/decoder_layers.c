@@ -1,11 +1,16 @@
-/* A transformer decoder step's layers in one call: for each layer the self-attention over the
- * rows' histories, the cross-attention over their sentences' encoder memory, the feed-forward,
+/* A transformer decoder step in one call: each row's last token embedded at its position, the
+ * mask of its history, then for each layer the self-attention over the rows' histories, the cross-attention over their sentences' encoder memory, the feed-forward,
  * each sublayer's residual and layer norm (before its products in a pre-norm layer, inside its
  * last product in a post-norm one), calling the float32 product, norm and attention kernels of
  * products.c (or int8_products.c) and attention.c through the pointers it is given. Python made the same calls one
  * by one, 5-6 us each at a step's few rows, some 150 us a step for 3 layers (docs/speed.md):
- * the same kernels in the same order, so the same bits. */
+ * the same kernels in the same order, so the same bits; last the final norm and the output
+ * projection. */
+#include <math.h>
 #include <stdint.h>
+
+/* the embedding is torch's scale x row, then + position, one rounding each */
+#pragma GCC optimize("fp-contract=off")
 
 #define PARALLEL_WORK (1 << 17) /* native_library.PARALLEL_WORK */
 
@@ -60,6 +65,15 @@ struct group { /* rows of sentences whose memory is one pool's (attention.c's la
 };
 
 struct step {
+    /* this step's tokens [rows, steps] (row stride token_stride), pad before each row's own;
+     * the embedding [vocab, embed], its scale, and the positions [positions, embed] */
+    const int64_t *tokens;
+    int64_t token_stride, steps, pad, vocab, positions;
+    const float *embedding, *position_table;
+    float embed_scale;
+    struct norm final_norm;
+    struct product output; /* the logits' projection, into logits [rows, out] */
+    float *logits;
     products_fn products;
     int8_products_fn int8_products;
     float smallest; /* an int8 row scale's least */
@@ -69,12 +83,13 @@ struct step {
     int64_t layers, rows, embed, heads, head_dim, hidden, width, slots, row_stride,
         head_stride, groups, alignment_layer;
     const int64_t *sources;
-    const float *bias; /* [rows, width] */
+    float *bias; /* [rows, width], written: 0 at each row's own steps, -inf before */
     struct group *group;
     float *x, *a, *b, *normed, *qkv, *context, *query, *inner; /* scratch, rows wide */
     int threads;
     int failed; /* written: 1 if the self-attention refused its sources, 2 if an int8 product
-                   could not allocate its quantized rows */
+                   could not allocate its quantized rows, 3 for a token or position outside its
+                   table */
 };
 
 static int threads_for(const struct step *s, int64_t work)
@@ -118,11 +133,43 @@ static const float *out_of_memory(struct step *s)
     return 0;
 }
 
-/* Runs the layers on s->x ([rows, embed]); returns the output (s->a or s->b), or NULL (and why
- * in s->failed). */
+/* s->x: each row's last token embedded at its position (pad + its own tokens, as fairseq
+ * counts); s->bias: -inf before each row's own steps and at its padding. 0, or -1 for a token
+ * or position outside its table. */
+static int embed(struct step *s)
+{
+    int64_t E = s->embed, own = s->width - s->steps;
+    for (int64_t r = 0; r < s->rows; r++) {
+        const int64_t *row = s->tokens + r * s->token_stride;
+        float *bias = s->bias + r * s->width;
+        int64_t count = 0;
+        for (int64_t j = 0; j < s->width; j++)
+            bias[j] = -INFINITY;
+        for (int64_t j = 0; j < s->steps; j++)
+            if (row[j] != s->pad) {
+                count++;
+                bias[own + j] = 0.0f;
+            }
+        int64_t token = row[s->steps - 1], position = s->pad + count;
+        if (token < 0 || token >= s->vocab || position < 0 || position >= s->positions)
+            return -1;
+        const float *e = s->embedding + token * E, *p = s->position_table + position * E;
+        float *x = s->x + r * E;
+        for (int64_t d = 0; d < E; d++)
+            x[d] = s->embed_scale * e[d] + p[d];
+    }
+    return 0;
+}
+
+/* Runs the step (s->width >= s->steps, the history's columns); returns s->logits, or NULL (and
+ * why in s->failed). */
 const float *decoder_layers(struct step *s, const struct layer *layers)
 {
     int64_t E = s->embed, H = s->heads, D = s->head_dim;
+    if (embed(s)) {
+        s->failed = 3;
+        return 0;
+    }
     float *x = s->x, *spare[2] = {s->a, s->b};
     int turn = 0;
     for (int64_t l = 0; l < s->layers; l++) {
@@ -164,5 +211,7 @@ const float *decoder_layers(struct step *s, const struct layer *layers)
             return out_of_memory(s);
         x = out;
     }
-    return x;
+    if (product(s, &s->output, input(s, &s->final_norm, x), E, 0, s->logits, 0))
+        return out_of_memory(s);
+    return s->logits;
 }
