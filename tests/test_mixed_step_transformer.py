@@ -15,10 +15,10 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from beamplugin import SequenceGenerator
 from beamplugin.kernels import (
     candidates,
-    decoder_layers,
     float_attention,
     float_products,
     native_library,
+    transformer_layers,
 )
 from beamplugin.models.mixed_step_transformer import MixedStepTransformer
 from beamplugin.modules import linear, self_attention_history
@@ -63,7 +63,7 @@ def test_each_variant_mixes_steps_with_fairseqs_results(vocab, sentences, varian
 def torch_kernels_only(monkeypatch):
     """Our kernels off (as without a C compiler): torch's, as on a GPU or in half precision."""
     caches = (native_library._load, float_products._kernel, float_attention._kernels)
-    caches += (linear.packed_dtypes, candidates._kernel, decoder_layers._kernels)
+    caches += (linear.packed_dtypes, candidates._kernel, transformer_layers._kernels)
     monkeypatch.setenv(native_library.DISABLE, "0")
     for cache in caches:
         cache.cache_clear()

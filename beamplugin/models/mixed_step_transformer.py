@@ -27,7 +27,7 @@ from fairseq.models.transformer import TransformerModelBase
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
-from beamplugin.kernels import decoder_layers, float_attention
+from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
@@ -136,8 +136,12 @@ class PooledTransformerEncoder(nn.Module):
             padding.view(sentences, 1, 1, src), -math.inf
         )
         x = x.reshape(sentences * width, -1)
-        for layer, prepared in zip(encoder.layers, weights.encoder_layers, strict=True):
-            x = _encoder_layer(layer, prepared, x, bias, sentences)
+        in_kernel = weights.encoder_in_kernel
+        if in_kernel is not None and float_attention.serves(x):
+            x = in_kernel(x.contiguous(), sentences, bias[..., src - width :])
+        else:
+            for layer, prepared in zip(encoder.layers, weights.encoder_layers, strict=True):
+                x = _encoder_layer(layer, prepared, x, bias, sentences)
         if encoder.layer_norm is not None:
             x = _norm(encoder.layer_norm, x)
         out = _left_padded(x.view(sentences, width, -1), src)
@@ -234,16 +238,16 @@ class MixedStepTransformerDecoder(nn.Module):
 
     def _step_in_kernel(
         self,
-        in_kernel: decoder_layers.DecoderLayers,
+        in_kernel: transformer_layers.DecoderStep,
         tokens: Tensor,
         history: Window,
         encoder_out: dict[str, Any],
     ) -> tuple[Tensor, Tensor]:
-        """The step in one call of our kernels (beamplugin.kernels.decoder_layers): the logits
+        """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
         ``[rows, vocab]`` and the alignment layer's cross-attention averaged over heads."""
         layers = range(len(self.decoder.layers))
         groups = [
-            decoder_layers.Group(
+            transformer_layers.Group(
                 [memory[f"keys{layer}"] for layer in layers],
                 [memory[f"values{layer}"] for layer in layers],
                 memory["bias"],

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import nn
 
-from beamplugin.kernels import decoder_layers
+from beamplugin.kernels import transformer_layers
 from beamplugin.kernels.float_products import Panels
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
 
@@ -65,8 +65,9 @@ class TransformerWeights:
         self.decoder_layers: list[LayerWeights] = []
         self.memory: PreparedLinear | None = None  # every decoder layer's cross keys, values
         self.output: PreparedLinear | None = None
-        # the decoder layers as one call of our kernels, where they can take them
-        self.decoder_in_kernel: decoder_layers.DecoderLayers | None = None
+        # the decoder's step and the encoder's layers as one call of our kernels, where they can
+        self.decoder_in_kernel: transformer_layers.DecoderStep | None = None
+        self.encoder_in_kernel: transformer_layers.EncoderLayers | None = None
         own = weakref.ref(self)
 
         def forget(*_: Any) -> None:
@@ -102,6 +103,7 @@ class TransformerWeights:
         projection = decoder.output_projection
         self.output = prepare_linear(projection.weight, projection.bias, int8)
         self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers, self.output)
+        self.encoder_in_kernel = _encoder_in_kernel(encoder, self.encoder_layers)
 
 
 def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
@@ -126,49 +128,70 @@ def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
 
 def _in_kernel(
     decoder: nn.Module, layers: list[LayerWeights], output: PreparedLinear
-) -> decoder_layers.DecoderLayers | None:
-    """The decoder's step for beamplugin.kernels.decoder_layers: where every product is on our
+) -> transformer_layers.DecoderStep | None:
+    """The decoder's step for beamplugin.kernels.transformer_layers: where every product is on our
     float32 or int8 kernel (not half precision, not torch's), the activation a relu, every norm
     affine, and the embedding plain (fairseq's scaled tokens plus positions); else None (the
     step runs one call at a time)."""
-    if not decoder_layers.available():
+    if not transformer_layers.available():
         return None
     ends = _ends(decoder, output)
-    if ends is None:
+    plan = [_layer_plan(*pair) for pair in zip(decoder.layers, layers, strict=True)]
+    if ends is None or None in plan:
         return None
-    plan = []
-    for layer, weights in zip(decoder.layers, layers, strict=True):
-        norms = [layer.self_attn_layer_norm, layer.encoder_attn_layer_norm, layer.final_layer_norm]
-        affine = [(n.weight.detach(), n.bias.detach(), n.eps) for n in norms]
-        if layer.activation_fn is not F.relu or any(
-            n.weight is None or n.bias is None or n.weight.dtype != torch.float32 for n in norms
-        ):  # fmt: skip
-            return None
-        products = [weights.self_qkv, weights.self_out, weights.cross_query, weights.cross_out,
-                    weights.fc1, weights.fc2]  # fmt: skip
-        if not all(_on_our_kernels(w) for w in products):
-            return None
-        before = layer.normalize_before
-        post = [None if before else norm for norm in affine]  # inside the sublayer's last call
-
-        def product(w: PreparedLinear, norm: decoder_layers.Norm | None = None):
-            if w.int8 is not None:
-                return decoder_layers.Product(w.int8.panels, w.int8.bias, norm, w.int8.scales)
-            return decoder_layers.Product(w.packed, w.bias, norm)
-
-        plan.append(decoder_layers.Layer(
-            product(weights.self_qkv), product(weights.self_out, post[0]),
-            product(weights.cross_query), product(weights.cross_out, post[1]),
-            product(weights.fc1), product(weights.fc2, post[2]),
-            *(norm if before else None for norm in affine),
-        ))  # fmt: skip
     try:
-        return decoder_layers.DecoderLayers(plan, ends, decoder.layers[0].self_attn.num_heads)
+        return transformer_layers.DecoderStep(plan, ends, decoder.layers[0].self_attn.num_heads)
     except ValueError:  # a weight that is not contiguous, or not float32
         return None
 
 
-def _ends(decoder: nn.Module, output: PreparedLinear) -> decoder_layers.Ends | None:
+def _encoder_in_kernel(
+    encoder: nn.Module, layers: list[LayerWeights]
+) -> transformer_layers.EncoderLayers | None:
+    """The encoder's layers in one call of beamplugin.kernels.transformer_layers, on the terms of
+    :func:`_in_kernel`; else None (one call at a time)."""
+    if not transformer_layers.available():
+        return None
+    plan = [_layer_plan(*pair) for pair in zip(encoder.layers, layers, strict=True)]
+    if None in plan:
+        return None
+    try:
+        return transformer_layers.EncoderLayers(plan, encoder.layers[0].self_attn.num_heads)
+    except ValueError:
+        return None
+
+
+def _layer_plan(layer: nn.Module, weights: LayerWeights) -> transformer_layers.Layer | None:
+    """A layer's products and norms for beamplugin.kernels.transformer_layers, or None where that
+    cannot run it (see :func:`_in_kernel`)."""
+    cross = weights.cross_query is not None
+    norms = [layer.self_attn_layer_norm, layer.final_layer_norm]
+    if cross:
+        norms.insert(1, layer.encoder_attn_layer_norm)
+    if layer.activation_fn is not F.relu or any(
+        n.weight is None or n.bias is None or n.weight.dtype != torch.float32 for n in norms
+    ):  # fmt: skip
+        return None
+    products = [weights.self_qkv, weights.self_out, weights.fc1, weights.fc2]
+    if cross:
+        products += [weights.cross_query, weights.cross_out]
+    if not all(_on_our_kernels(w) for w in products):
+        return None
+    affine = [(n.weight.detach(), n.bias.detach(), n.eps) for n in norms]
+    if not cross:
+        affine.insert(1, None)
+    before = layer.normalize_before
+    post = [None if before else norm for norm in affine]  # inside the sublayer's last call
+    product = _kernel_product
+    return transformer_layers.Layer(
+        product(weights.self_qkv), product(weights.self_out, post[0]),
+        product(weights.cross_query), product(weights.cross_out, post[1]),
+        product(weights.fc1), product(weights.fc2, post[2]),
+        *(norm if before else None for norm in affine),
+    )  # fmt: skip
+
+
+def _ends(decoder: nn.Module, output: PreparedLinear) -> transformer_layers.Ends | None:
     """The embedding, positions, final norm and output of ``decoder`` for its step in one call,
     or None where it has parts that call does not compute."""
     extras = [decoder.quant_noise, decoder.project_in_dim, decoder.project_out_dim]
@@ -188,12 +211,21 @@ def _ends(decoder: nn.Module, output: PreparedLinear) -> decoder_layers.Ends | N
     final = None if norm is None else (norm.weight.detach(), norm.bias.detach(), norm.eps)
     if not _on_our_kernels(output):
         return None
-    if output.int8 is not None:
-        out = decoder_layers.Product(output.int8.panels, output.int8.bias, None, output.int8.scales)
-    else:
-        out = decoder_layers.Product(output.packed, output.bias, None)
+    out = _kernel_product(output)
     embedding, scale = tokens.weight.detach(), float(decoder.embed_scale)
-    return decoder_layers.Ends(embedding, scale, table, decoder.padding_idx, final, out)
+    return transformer_layers.Ends(embedding, scale, table, decoder.padding_idx, final, out)
+
+
+def _kernel_product(
+    weight: PreparedLinear | None, norm: transformer_layers.Norm | None = None
+) -> transformer_layers.Product | None:
+    """``weight`` (on our float32 or int8 kernel) and the post-norm its call applies."""
+    if weight is None:
+        return None
+    if weight.int8 is not None:
+        int8 = weight.int8
+        return transformer_layers.Product(int8.panels, int8.bias, norm, int8.scales)
+    return transformer_layers.Product(weight.packed, weight.bias, norm)
 
 
 def _on_our_kernels(weight: PreparedLinear) -> bool:

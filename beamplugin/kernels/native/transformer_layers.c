@@ -163,7 +163,7 @@ static int embed(struct step *s)
 
 /* Runs the step (s->width >= s->steps, the history's columns); returns s->logits, or NULL (and
  * why in s->failed). */
-const float *decoder_layers(struct step *s, const struct layer *layers)
+const float *decoder_step(struct step *s, const struct layer *layers)
 {
     int64_t E = s->embed, H = s->heads, D = s->head_dim;
     if (embed(s)) {
@@ -214,4 +214,56 @@ const float *decoder_layers(struct step *s, const struct layer *layers)
     if (product(s, &s->output, input(s, &s->final_norm, x), E, 0, s->logits, 0))
         return out_of_memory(s);
     return s->logits;
+}
+
+/* An encoder's sentences: `sentences` of `width` positions each (the step's rows, sentence by
+ * sentence), the padding bias [sentences, width] (row stride bias_sentence; 0 or -inf), and
+ * scratch for a layer's keys [sentences, heads, head_dim, width] and values [sentences, heads,
+ * width, head_dim] (attention.c's layout). */
+struct sources {
+    int64_t sentences, width, bias_sentence;
+    const float *bias;
+    float *keys, *values;
+};
+
+/* The encoder's layers on s->x ([rows, embed], rows = sentences x width): each position's
+ * self-attention over its sentence's (the cross-attention kernel, keys and values laid out from
+ * the layer's projections), then the feed-forward, each sublayer's residual and norm as the
+ * decoder's. Returns the output (s->a or s->b), or NULL if an int8 product had no memory. */
+const float *encoder_layers(struct step *s, const struct layer *layers, const struct sources *src)
+{
+    int64_t E = s->embed, H = s->heads, D = s->head_dim, S = src->sentences, W = src->width;
+    float *x = s->x, *spare[2] = {s->a, s->b};
+    int turn = 0;
+    for (int64_t l = 0; l < s->layers; l++) {
+        const struct layer *L = layers + l;
+        float *out = spare[turn];
+        turn ^= 1;
+        if (product(s, &L->qkv, input(s, &L->self_norm, x), E, 0, s->qkv, 0))
+            return out_of_memory(s);
+        for (int64_t n = 0; n < S; n++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t w = 0; w < W; w++) {
+                    const float *row = s->qkv + (n * W + w) * 3 * E + h * D;
+                    float *keys = src->keys + ((n * H + h) * D) * W + w;
+                    float *values = src->values + ((n * H + h) * W + w) * D;
+                    for (int64_t d = 0; d < D; d++) {
+                        keys[d * W] = row[E + d];
+                        values[d] = row[2 * E + d];
+                    }
+                }
+        s->cross_attention(s->qkv, 3 * E, src->keys, H * D * W, D * W, W, src->values,
+                           H * W * D, W * D, src->bias, src->bias_sentence, 0, s->context,
+                           s->rows, W, H, D, W, threads_for(s, s->rows * H * W * D));
+        if (product(s, &L->self_out, s->context, E, x, out, 0))
+            return out_of_memory(s);
+        x = out;
+        out = spare[turn];
+        turn ^= 1;
+        if (product(s, &L->fc1, input(s, &L->final_norm, x), E, 0, s->inner, 1) ||
+            product(s, &L->fc2, s->inner, s->hidden, x, out, 0))
+            return out_of_memory(s);
+        x = out;
+    }
+    return x;
 }

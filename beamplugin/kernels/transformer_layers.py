@@ -1,9 +1,9 @@
-"""A transformer decoder step in one call (``native/decoder_layers.c``) on the CPU: the last
+"""A transformer decoder step in one call (``native/transformer_layers.c``) on the CPU: the last
 tokens' embeddings and positions, the history's mask, the layers' products (float32 or int8),
 norms and attention kernels, the final norm and the output projection, which Python called one
 by one (5-6 us each at a step's few rows, some 200 us a step for 3 layers), called from C in
 the same order, so with the same bits. The weights' pointers are set once per
-:class:`DecoderLayers`; a step fills in its tokens, history window and memory."""
+:class:`DecoderStep`; a step fills in its tokens, history window and memory."""
 
 from __future__ import annotations
 
@@ -34,12 +34,13 @@ class Product(NamedTuple):
 
 
 class Layer(NamedTuple):
-    """A decoder layer's products and the norms before its sublayers (None: post-norm)."""
+    """A layer's products and the norms before its sublayers (None: post-norm); an encoder
+    layer has no cross-attention."""
 
     qkv: Product
     self_out: Product
-    cross_query: Product
-    cross_out: Product
+    cross_query: Product | None
+    cross_out: Product | None
     fc1: Product  # relu after
     fc2: Product
     self_norm: Norm | None
@@ -109,11 +110,16 @@ class _Step(ctypes.Structure):
     _fields_ += [("threads", ctypes.c_int), ("failed", ctypes.c_int)]
 
 
+class _Sources(ctypes.Structure):
+    _fields_ = [("sentences", _I), ("width", _I), ("bias_sentence", _I), ("bias", _P)]
+    _fields_ += [("keys", _P), ("values", _P)]
+
+
 @functools.cache
 def _kernels() -> tuple[Any, list[int | None]] | None:
-    """decoder_layers.c's entry and the addresses of the kernels it calls (None where any of
+    """transformer_layers.c's entry and the addresses of the kernels it calls (None where any of
     them cannot be built)."""
-    run = native_library.function("decoder_layers", "decoder_layers", [_P, _P], _P)
+    run = native_library.function("transformer_layers", "decoder_step", [_P, _P], _P)
     parts = [
         native_library.address("products", "products"),
         native_library.address("products", "layer_norm_rows"),
@@ -130,7 +136,7 @@ def _kernels() -> tuple[Any, list[int | None]] | None:
 
 
 def available() -> bool:
-    """Whether the layers can run here (decoder_layers.c and the kernels it calls built)."""
+    """Whether the layers can run here (transformer_layers.c and the kernels it calls built)."""
     return _kernels() is not None
 
 
@@ -138,7 +144,9 @@ def _pointer(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _product(product: Product, int8_kernel: int | None) -> _Product:
+def _product(product: Product | None, int8_kernel: int | None) -> _Product:
+    if product is None:
+        return _Product()
     gamma, beta, eps = product.norm or (None, None, 0.0)
     panels = product.panels
     int8 = isinstance(panels, Int8Panels)
@@ -160,7 +168,63 @@ def _norm(norm: Norm | None) -> _Norm:
     return _Norm(norm[0].data_ptr(), norm[1].data_ptr(), norm[2])
 
 
-class DecoderLayers:
+def _layer_table(layers: list[Layer], int8_kernel: int | None) -> ctypes.Array:
+    table = (_Layer * len(layers))()
+    for entry, layer in zip(table, layers, strict=True):
+        for name, product in zip(Layer._fields[:6], layer[:6], strict=True):
+            setattr(entry, name, _product(product, int8_kernel))
+        entry.self_norm, entry.cross_norm = _norm(layer.self_norm), _norm(layer.cross_norm)
+        entry.final_norm = _norm(layer.final_norm)
+    return table
+
+
+class EncoderLayers:
+    """An encoder's ``layers`` (float32 products, contiguous tensors; no cross-attention)
+    ready to run sentences through them in one call."""
+
+    def __init__(self, layers: list[Layer], heads: int) -> None:
+        kernels = native_library.function(
+            "transformer_layers", "encoder_layers", [_P, _P, ctypes.POINTER(_Sources)], _P
+        )
+        assert kernels is not None and _kernels() is not None, "check available() first"
+        self.run, self.addresses = kernels, _kernels()[1]
+        self.layers = layers  # keeps the tensors the pointers point into
+        first = layers[0]
+        self.embed, self.hidden = first.qkv.panels.in_features, first.fc1.panels.out_features
+        self.heads, self.head_dim = heads, self.embed // heads
+        self.table = _layer_table(layers, None)
+
+    def __call__(self, x: Tensor, sentences: int, bias: Tensor) -> Tensor:
+        """The layers' output ``[sentences x width, embed]`` for ``x`` (the same shape, float32,
+        contiguous, sentence by sentence), each position attending over its sentence's, masked
+        by ``bias`` ``[sentences, 1, 1, width]`` (0 or -inf, positions consecutive)."""
+        rows, embed = x.shape
+        width = rows // sentences
+        if x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous() or embed != self.embed:
+            raise ValueError(f"x must be contiguous float32 [rows, {self.embed}] on the CPU")
+        if bias.shape != (sentences, 1, 1, width) or bias.stride(3) != 1 or rows % sentences:
+            raise ValueError(f"the bias must be [{sentences}, 1, 1, {rows // sentences}]")
+        scratch = x.new_empty(rows * (9 * embed + self.hidden))
+        sizes = [embed, embed, embed, 3 * embed, embed, self.hidden, embed, embed]
+        parts = scratch.split([rows * n for n in sizes])
+        a, b, normed, qkv, context, inner, keys, values = (p.data_ptr() for p in parts)
+        addresses = self.addresses
+        step = _Step(
+            products=addresses[0], int8_products=addresses[1],
+            smallest=int8_products.SMALLEST_SCALE, norm=addresses[2],
+            cross_attention=addresses[4], layers=len(self.layers), rows=rows, embed=embed,
+            heads=self.heads, head_dim=self.head_dim, hidden=self.hidden, x=x.data_ptr(), a=a,
+            b=b, normed=normed, qkv=qkv, context=context, inner=inner,
+            threads=torch.get_num_threads(),
+        )  # fmt: skip
+        sources = _Sources(sentences, width, bias.stride(0), bias.data_ptr(), keys, values)
+        out = self.run(ctypes.byref(step), self.table, ctypes.byref(sources))
+        if out is None:
+            raise MemoryError(f"no memory to quantize {rows} rows")
+        return (parts[0] if out == a else parts[1]).view(rows, embed)
+
+
+class DecoderStep:
     """``layers`` and their ``ends`` (float32 or int8 products, contiguous tensors) ready to run
     a step's rows through them."""
 
@@ -177,12 +241,7 @@ class DecoderLayers:
         if any(t.dtype != torch.float32 or not t.is_contiguous() or t.size(1) != self.embed
                for t in tables):  # fmt: skip
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
-        self.table = (_Layer * len(layers))()
-        for entry, layer in zip(self.table, layers, strict=True):
-            for name, product in zip(Layer._fields[:6], layer[:6], strict=True):
-                setattr(entry, name, _product(product, int8_kernel))
-            entry.self_norm, entry.cross_norm = _norm(layer.self_norm), _norm(layer.cross_norm)
-            entry.final_norm = _norm(layer.final_norm)
+        self.table = _layer_table(layers, int8_kernel)
         self.output = _product(ends.output, int8_kernel)
         self.final_norm = _norm(ends.final_norm)
 

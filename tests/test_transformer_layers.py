@@ -1,5 +1,5 @@
-"""A transformer decoder step's layers in one call of our kernels
-(beamplugin/kernels/native/decoder_layers.c): the bits of the same kernels called one at a
+"""A transformer decoder step, and an encoder's layers, in one call of our kernels
+(beamplugin/kernels/native/transformer_layers.c): the bits of the same kernels called one at a
 time (post-norm), within float rounding of them (pre-norm, and int8's post-norm: our layer norm
 for torch's), the calls one at a time where a layer is not ours to run (gelu), bad inputs
 refused."""
@@ -16,7 +16,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import decoder_layers, int8_products
+from beamplugin.kernels import int8_products, transformer_layers
 from beamplugin.models import transformer_weights
 from beamplugin.modules import linear
 
@@ -32,10 +32,12 @@ def decode(vocab, sentences, model, monkeypatch, in_kernel: bool):
     with monkeypatch.context() as patch:
         if not in_kernel:
             patch.setattr(transformer_weights, "_in_kernel", lambda *_: None)
+            patch.setattr(transformer_weights, "_encoder_in_kernel", lambda *_: None)
         gen = SequenceGenerator([model], vocab, beam_size=4, nbest=2, max_len_b=20)
         view = gen.model.models[0]
         batch = gen.generate([model], make_batch(vocab, 8, seed=3))
         assert (view.decoder.weights.decoder_in_kernel is not None) == in_kernel
+        assert (view.decoder.weights.encoder_in_kernel is not None) == in_kernel
         streamed, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=4)
         assert engine.refills > 0
     return batch, streamed
@@ -87,7 +89,7 @@ def test_bad_inputs_are_refused(vocab):
     sources = torch.arange(rows).view(rows, 1).expand(rows, width).contiguous()
     memory = [torch.zeros(1, heads, head_dim, 16) for _ in range(2)]
     values = [torch.zeros(1, heads, 16, head_dim) for _ in range(2)]
-    group = decoder_layers.Group(memory, values, torch.zeros(1, 1, 1, 16), rows)
+    group = transformer_layers.Group(memory, values, torch.zeros(1, 1, 1, 16), rows)
     logits, probs = layers(tokens, windows, sources, [group], 1)
     assert logits.shape == (rows, len(vocab)) and probs[0].shape == (rows, heads, 16)
     assert logits.isfinite().all()
@@ -105,3 +107,10 @@ def test_bad_inputs_are_refused(vocab):
         layers(tokens, windows, sources, [group._replace(values=memory)], 1)
     with pytest.raises(ValueError, match="int64"):
         layers(tokens.int(), windows, sources, [group], 1)
+    encoder = gen.model.models[0].decoder.weights.encoder_in_kernel
+    x, source_bias = torch.randn(2 * 5, 16), torch.zeros(2, 1, 1, 5)
+    assert encoder(x, 2, source_bias).shape == (10, 16)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        encoder(x.double(), 2, source_bias)
+    with pytest.raises(ValueError, match="bias"):
+        encoder(x, 2, torch.zeros(2, 1, 1, 4))
