@@ -263,52 +263,20 @@ class DecoderStep:
         rows, steps = tokens.shape
         embed, layers, heads, head_dim = self.embed, len(self.layers), self.heads, self.head_dim
         slots, width = windows.size(1), sources.size(1)
-        if tokens.dtype != torch.int64 or tokens.stride(1) != 1 or steps > width:
-            raise ValueError(f"tokens must be int64 [rows, at most {width}], steps consecutive")
-        if windows.shape != (2 * layers, slots, heads, width, head_dim) or windows.stride()[3:] != (
-            head_dim, 1,
-        ):  # fmt: skip
-            raise ValueError(f"the history window {tuple(windows.shape)} is not this model's")
-        if sources.dtype != torch.int64 or not sources.is_contiguous() or sources.size(0) != rows:
-            raise ValueError("sources must be [rows, width] contiguous int64")
-        if windows.dtype != torch.float32 or not windows.is_cpu:
-            raise ValueError("the history must be float32 on the CPU")
+        self._check(tokens, windows, sources)
         x = windows.new_empty(rows * (9 * embed + self.hidden + width + self.vocab))
         sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
         parts = x.split([rows * n for n in (*sizes, self.vocab)])
         pointers = [p.data_ptr() for p in parts]
-        logits = parts[-1].view(rows, self.vocab)
-        table = self.table
-        for index, entry in enumerate(table):
+        for index, entry in enumerate(self.table):
             entry.keys = windows[2 * index].data_ptr()
             entry.values = windows[2 * index + 1].data_ptr()
-        group_table, probs, kept = (_Group * len(groups))(), [], []
         if sum(group.rows for group in groups) != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        for entry, group in zip(group_table, groups, strict=True):
-            sentences, _, _, src = group.keys[0].shape
-            for k, v in zip(group.keys, group.values, strict=True):
-                if k.shape != (sentences, heads, head_dim, src) or k.stride(3) != 1 or (
-                    v.shape != (sentences, heads, src, head_dim) or v.stride()[2:] != (head_dim, 1)
-                ):  # fmt: skip
-                    raise ValueError("a group's keys or values are not attention.c's layout")
-                if k.stride() != group.keys[0].stride() or v.stride() != group.values[0].stride():
-                    raise ValueError("a group's layers must share their strides")
-            if group.bias.shape != (sentences, 1, 1, src) or group.bias.stride(3) != 1:
-                raise ValueError("a group's bias must be [sentences, 1, 1, src]")
-            if len(group.keys) != layers or group.rows % sentences:
-                raise ValueError("a group needs every layer's memory, as many rows a sentence")
-            key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
-            value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
-            kept += [key_pointers, value_pointers]
-            weights = windows.new_empty((group.rows, heads, src))
-            probs.append(weights)
-            entry.keys, entry.values = key_pointers, value_pointers
-            entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
-            entry.v_sentence, entry.v_head = group.values[0].stride()[:2]
-            entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
-            entry.probs, entry.rows = weights.data_ptr(), group.rows
-            entry.each, entry.src = group.rows // sentences, src
+        group_table, kept = _group_table(groups, layers, heads, head_dim)
+        probs = [windows.new_empty((g.rows, heads, g.keys[0].size(3))) for g in groups]
+        for entry, weights in zip(group_table, probs, strict=True):
+            entry.probs = weights.data_ptr()
         ends = self.ends
         step = _Step(
             tokens.data_ptr(), tokens.stride(0), steps, ends.pad, ends.embedding.size(0),
@@ -321,10 +289,56 @@ class DecoderStep:
             torch.get_num_threads(), 0,
         )  # fmt: skip
         out = run(ctypes.byref(step), self.table)
+        del kept  # the groups' pointer arrays, read by the call
         if out is None and step.failed == 2:
             raise MemoryError(f"no memory to quantize {rows} rows")
         if out is None and step.failed == 3:
             raise ValueError("a token outside the embedding, or a position outside its table")
         if out is None:
             raise ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
-        return logits, probs
+        return parts[-1].view(rows, self.vocab), probs
+
+    def _check(self, tokens: Tensor, windows: Tensor, sources: Tensor) -> None:
+        """A ValueError where the step's inputs are not what the C code reads."""
+        layers, heads, head_dim = len(self.layers), self.heads, self.head_dim
+        slots, width = windows.size(1), sources.size(1)
+        if tokens.dtype != torch.int64 or tokens.stride(1) != 1 or tokens.size(1) > width:
+            raise ValueError(f"tokens must be int64 [rows, at most {width}], steps consecutive")
+        if windows.shape != (2 * layers, slots, heads, width, head_dim) or windows.stride()[3:] != (
+            head_dim, 1,
+        ):  # fmt: skip
+            raise ValueError(f"the history window {tuple(windows.shape)} is not this model's")
+        rows = tokens.size(0)
+        if sources.dtype != torch.int64 or not sources.is_contiguous() or sources.size(0) != rows:
+            raise ValueError("sources must be [rows, width] contiguous int64")
+        if windows.dtype != torch.float32 or not windows.is_cpu:
+            raise ValueError("the history must be float32 on the CPU")
+
+
+def _group_table(
+    groups: list[Group], layers: int, heads: int, head_dim: int
+) -> tuple[ctypes.Array, list[ctypes.Array]]:
+    """``groups`` as the C structs, and the pointer arrays they point into (to keep)."""
+    table, kept = (_Group * len(groups))(), []
+    for entry, group in zip(table, groups, strict=True):
+        sentences, _, _, src = group.keys[0].shape
+        for k, v in zip(group.keys, group.values, strict=True):
+            if k.shape != (sentences, heads, head_dim, src) or k.stride(3) != 1 or (
+                v.shape != (sentences, heads, src, head_dim) or v.stride()[2:] != (head_dim, 1)
+            ):  # fmt: skip
+                raise ValueError("a group's keys or values are not attention.c's layout")
+            if k.stride() != group.keys[0].stride() or v.stride() != group.values[0].stride():
+                raise ValueError("a group's layers must share their strides")
+        if group.bias.shape != (sentences, 1, 1, src) or group.bias.stride(3) != 1:
+            raise ValueError("a group's bias must be [sentences, 1, 1, src]")
+        if len(group.keys) != layers or group.rows % sentences:
+            raise ValueError("a group needs every layer's memory, as many rows a sentence")
+        key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
+        value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
+        kept += [key_pointers, value_pointers]
+        entry.keys, entry.values = key_pointers, value_pointers
+        entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
+        entry.v_sentence, entry.v_head = group.values[0].stride()[:2]
+        entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
+        entry.rows, entry.each, entry.src = group.rows, group.rows // sentences, src
+    return table, kept

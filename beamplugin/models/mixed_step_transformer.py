@@ -282,38 +282,13 @@ class MixedStepTransformerDecoder(nn.Module):
         attn = None
         layers = zip(self.decoder.layers, self.weights.decoder_layers, strict=True)
         for index, (layer, prepared) in enumerate(layers):
-            x, layer_attn = self._layer(layer, prepared, index, x, history, own_bias, groups)
+            need_attn = index == self.alignment_layer
+            x, layer_attn = _decoder_layer(
+                layer, prepared, index, x, history, own_bias, groups, need_attn
+            )
             if index == self.alignment_layer:
                 attn = layer_attn
         return x, attn
-
-    def _layer(
-        self,
-        layer: nn.Module,
-        prepared: LayerWeights,
-        index: int,
-        x: Tensor,
-        history: Window,
-        own_bias: Tensor,
-        groups: list[tuple[Memory, int, Tensor | None]],
-    ) -> tuple[Tensor, Tensor | None]:
-        """fairseq's decoder layer ``index`` on ``x`` ``[rows, embed]``, and its
-        cross-attention weights if it is the alignment layer. ``own_bias`` ``[rows, width]``
-        and the groups' biases None where our attention kernel serves ``x``; else the biases
-        torch's products take."""
-        before = layer.normalize_before
-        norm = layer.self_attn_layer_norm
-        x = self._self_attention(
-            prepared, _norm_input(norm, before, x), history, index, own_bias,
-            residual=x, post=_post_norm(norm, before),
-        )  # fmt: skip
-        norm = layer.encoder_attn_layer_norm
-        need_attn = index == self.alignment_layer
-        x, attn = _cross_attention(
-            prepared, _norm_input(norm, before, x), groups, index, need_attn,
-            residual=x, post=_post_norm(norm, before),
-        )  # fmt: skip
-        return _feed_forward(layer, prepared, x), attn
 
     def _embed(self, tokens: Tensor) -> Tensor:
         """fairseq's embedding of each row's last token at its own position: ``[rows, embed]``."""
@@ -345,43 +320,70 @@ class MixedStepTransformerDecoder(nn.Module):
             )
         return embed.weights.index_select(0, index).detach()
 
-    def _self_attention(
-        self,
-        prepared: LayerWeights,
-        x: Tensor,
-        history: Window,
-        layer: int,
-        bias: Tensor,
-        residual: Tensor,
-        post: nn.LayerNorm | None,
-    ) -> Tensor:
-        """``residual`` plus fairseq's incremental self-attention of ``x`` ``[rows, embed]``
-        over each row's ``history`` (its keys and values at ``2 * layer``, ``2 * layer + 1``;
-        this step's written in the last column), normed by ``post`` if given; ``bias`` -inf at
-        padding, ``[rows, width]`` for our kernel, ``[rows x heads, 1, width]`` for torch's
-        products."""
-        rows, embed = x.shape
-        heads, head_dim = self.heads, self.head_dim
-        qkv = prepared.self_qkv(x)
-        if bias.dim() == 2:
-            keys, values = history.keys_values[2 * layer], history.keys_values[2 * layer + 1]
-            context = float_attention.self_attention(qkv, keys, values, history.sources, bias)
-            return prepared.self_out.plus(context, residual, post)
-        history.keys_values[2 * layer : 2 * layer + 2, :rows, :, -1] = (
-            qkv[:, embed:].view(rows, 2, heads, head_dim).transpose(0, 1)
-        )
-        keys = history.gathered(2 * layer).reshape(rows * heads, -1, head_dim)
-        values = history.gathered(2 * layer + 1).reshape(rows * heads, -1, head_dim)
-        query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
-        context, _ = _attend(bias, query, keys.transpose(1, 2), values)
-        return prepared.self_out.plus(context.view(rows, embed), residual, post)
-
     def reorder_incremental_state(
         self, incremental_state: dict[str, Any], new_order: Tensor, fresh_rows: int = 0
     ) -> None:
         """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh, which
         needs nothing (their history is padding, masked)."""
         self.history.reorder(incremental_state, new_order)
+
+
+def _decoder_layer(
+    layer: nn.Module,
+    prepared: LayerWeights,
+    index: int,
+    x: Tensor,
+    history: Window,
+    own_bias: Tensor,
+    groups: list[tuple[Memory, int, Tensor | None]],
+    need_attn: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """fairseq's decoder layer ``index`` on ``x`` ``[rows, embed]``, and its cross-attention
+    weights if ``need_attn``. ``own_bias`` ``[rows, width]`` and the groups' biases None where
+    our attention kernel serves ``x``; else the biases torch's products take."""
+    before = layer.normalize_before
+    norm = layer.self_attn_layer_norm
+    x = _decoder_self_attention(
+        prepared, _norm_input(norm, before, x), history, index, own_bias,
+        residual=x, post=_post_norm(norm, before), heads=layer.self_attn.num_heads,
+    )  # fmt: skip
+    norm = layer.encoder_attn_layer_norm
+    x, attn = _cross_attention(
+        prepared, _norm_input(norm, before, x), groups, index, need_attn,
+        residual=x, post=_post_norm(norm, before),
+    )  # fmt: skip
+    return _feed_forward(layer, prepared, x), attn
+
+
+def _decoder_self_attention(
+    prepared: LayerWeights,
+    x: Tensor,
+    history: Window,
+    layer: int,
+    bias: Tensor,
+    residual: Tensor,
+    post: nn.LayerNorm | None,
+    heads: int,
+) -> Tensor:
+    """``residual`` plus fairseq's incremental self-attention of ``x`` ``[rows, embed]`` over
+    each row's ``history`` (its keys and values at ``2 * layer``, ``2 * layer + 1``; this
+    step's written in the last column), normed by ``post`` if given; ``bias`` -inf at padding,
+    ``[rows, width]`` for our kernel, ``[rows x heads, 1, width]`` for torch's products."""
+    rows, embed = x.shape
+    head_dim = embed // heads
+    qkv = prepared.self_qkv(x)
+    if bias.dim() == 2:
+        keys, values = history.keys_values[2 * layer], history.keys_values[2 * layer + 1]
+        context = float_attention.self_attention(qkv, keys, values, history.sources, bias)
+        return prepared.self_out.plus(context, residual, post)
+    history.keys_values[2 * layer : 2 * layer + 2, :rows, :, -1] = (
+        qkv[:, embed:].view(rows, 2, heads, head_dim).transpose(0, 1)
+    )
+    keys = history.gathered(2 * layer).reshape(rows * heads, -1, head_dim)
+    values = history.gathered(2 * layer + 1).reshape(rows * heads, -1, head_dim)
+    query = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
+    context, _ = _attend(bias, query, keys.transpose(1, 2), values)
+    return prepared.self_out.plus(context.view(rows, embed), residual, post)
 
 
 def _encoder_layer(
