@@ -4,7 +4,8 @@ step costs against CTranslate2.
 1. For each batch size, our generator decodes the test set's first ``--sentences`` (sorted by
    source length, batches as fairseq-generate makes them) and the time splits into the encoder
    forwards, the decoder forwards, and the rest (search, n-best, bookkeeping); the decoder's
-   matrix products are replayed alone at the same shapes and weights, timed in the same run.
+   steps in one call of our kernels (beamplugin.kernels.transformer_layers) are replayed alone
+   with the same inputs, timed in the same run: what is left of a decoder forward is Python.
 2. One sentence decoded with its output length forced to 10 and to 50 tokens (beam 5), by ours
    and by CTranslate2 float32: the difference over 40 steps is a step's cost, the rest the
    sentence's fixed cost.
@@ -29,8 +30,8 @@ from fairseq import checkpoint_utils
 
 import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 from beamplugin import SequenceGenerator
+from beamplugin.kernels.transformer_layers import DecoderStep
 from beamplugin.models import mixed_step_transformer
-from beamplugin.modules.linear import PreparedLinear
 
 BEAM = 5
 
@@ -60,31 +61,28 @@ class Timed:
         setattr(owner, name, timed)
 
 
-class Products:
-    """Records the decoder's prepared products (weights and inputs) to replay them alone."""
+class Calls:
+    """Records the decoder's steps in one call of our kernels (their inputs) to replay them."""
 
     def __init__(self) -> None:
         self.recording = False
-        self.calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-        for name in ("__call__", "relu", "plus"):
-            self._wrap(name)
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        original = DecoderStep.__call__
+        steps = self
 
-    def _wrap(self, name: str) -> None:
-        original = getattr(PreparedLinear, name)
-        products = self
-
-        def recorded(weights: PreparedLinear, *inputs: Any) -> torch.Tensor:
-            if products.recording:
+        def recorded(step: DecoderStep, *inputs: Any) -> Any:
+            if steps.recording:
                 copies = (t.clone() if isinstance(t, torch.Tensor) else t for t in inputs)
-                products.calls.append((original, (weights, *copies)))
-            return original(weights, *inputs)
+                steps.calls.append((step, tuple(copies)))
+            return original(step, *inputs)
 
-        setattr(PreparedLinear, name, recorded)
+        DecoderStep.__call__ = recorded  # type: ignore[method-assign]
+        self.original = original
 
     def replay(self) -> float:
         start = time.perf_counter()
-        for product, args in self.calls:
-            product(*args)
+        for step, inputs in self.calls:
+            self.original(step, *inputs)
         return time.perf_counter() - start
 
 
@@ -102,12 +100,13 @@ def batches(items: list[dict], size: int, pad: int) -> list[dict]:
 
 
 class Split:
-    """Timers on our encoder and decoder forwards and the decoder's products (installed once)."""
+    """Timers on our encoder and decoder forwards and the decoder's steps in one call
+    (installed once)."""
 
     def __init__(self) -> None:
         self.encoder = Timed(mixed_step_transformer.PooledTransformerEncoder, "forward_torchscript")
         self.decoder = Timed(mixed_step_transformer.MixedStepTransformerDecoder, "forward")
-        self.products = Products()
+        self.products = Calls()
 
 
 def split(timers: Split, model: Any, dictionary: Any, items: list[dict], size: int,
@@ -141,7 +140,7 @@ def split(timers: Split, model: Any, dictionary: Any, items: list[dict], size: i
     return (
         f"batch {size}: {len(items) / total:.1f} sent/s; {total * 1000:.0f} ms = encoder "
         f"{encoding * 1000:.0f} + decoder {decoding * 1000:.0f} ({steps} steps, "
-        f"{decoding / steps * 1000:.2f} ms each; its products alone {replayed * 1000:.0f}) "
+        f"{decoding / steps * 1000:.2f} ms each; its C calls alone {replayed * 1000:.0f}) "
         f"+ search and the rest {(total - encoding - decoding) * 1000:.0f}"
     )
 
