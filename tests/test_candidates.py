@@ -93,3 +93,26 @@ def test_bad_inputs_are_refused():
     with pytest.raises(ValueError, match="float32"):
         candidates.top_candidates(lprobs, torch.zeros(2, 3, dtype=torch.float64), 5)
     assert not candidates.serves(lprobs.double())
+
+
+@pytest.mark.parametrize("sentences, beams, vocab, beam_size", [
+    (1, 1, 3992, 5), (1, 5, 3992, 5), (64, 5, 3992, 5), (7, 3, 17, 3), (4, 4, 3, 4), (3, 8, 500, 8),
+    (2, 2, 3, 4),  # k - beams < beam: dead slots
+])  # fmt: skip
+def test_the_beam_step_is_the_torch_steps(monkeypatch, sentences, beams, vocab, beam_size):
+    """fairseq's step (beamplugin.search.beam_step) in one call, field by field, EOS ranked
+    high and masked, a vocabulary too small for beam non-EOS candidates."""
+    from beamplugin.search.beam_step import beam_step
+
+    g = torch.Generator().manual_seed(vocab + beams)
+    lprobs = torch.randn(sentences, beams, vocab, generator=g).log_softmax(-1)
+    eos = 2
+    lprobs[:, :, min(eos, vocab - 1)] += 1.5  # EOS among the best
+    lprobs[0, :, eos % vocab] = -math.inf  # masked EOS: a dead candidate, not a finished one
+    scores = torch.randn(sentences, beams, generator=g) * 3
+    ours = beam_step(lprobs, scores, beam_size, eos)
+    with monkeypatch.context() as patch:
+        patch.setattr(candidates, "serves", lambda lprobs: False)
+        theirs = beam_step(lprobs, scores, beam_size, eos)
+    for field, a, b in zip(ours._fields, ours, theirs, strict=True):
+        assert torch.equal(a, b), field

@@ -22,6 +22,13 @@ def _kernel() -> Callable[..., Any] | None:
     return native_library.function("candidates", "top_candidates", argtypes, SIZE)
 
 
+@functools.cache
+def _step_kernel() -> Callable[..., Any] | None:
+    argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, SIZE]
+    argtypes += [POINTER] * 7 + [INT]
+    return native_library.function("candidates", "beam_step", argtypes, SIZE)
+
+
 def serves(lprobs: Tensor) -> bool:
     """Whether ``lprobs``' candidates can be found here: float32 on the CPU, kernel built."""
     return lprobs.dtype == torch.float32 and lprobs.is_cpu and _kernel() is not None
@@ -57,3 +64,37 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     if unsure:  # equal scores or NaN: torch's order, which fairseq's results follow
         return torch.topk((lprobs + scores.unsqueeze(2)).view(sentences, -1), k)
     return values, indices
+
+
+def beam_step(
+    lprobs: Tensor, scores: Tensor, k: int, beam_size: int, eos: int
+) -> tuple[Tensor, ...] | None:
+    """fairseq's beam step on the ``k`` (>= ``beam_size``) best candidates of :func:`top_candidates`
+    in one call: candidate scores, tokens and hypotheses ``[sentences, k]``, which of the first
+    ``beam_size`` end in EOS (finalize), and the next beam's hypotheses, tokens and scores
+    ``[sentences, beam_size]`` (beamplugin.search.beam_step.BeamStep's fields, in its order);
+    None where equal scores or NaN leave the order to torch.topk."""
+    kernel = _step_kernel()
+    assert kernel is not None, "check serves() first"
+    sentences, beams, vocab = lprobs.shape
+    if lprobs.stride(2) != 1 or scores.shape != (sentences, beams) or not (
+        beam_size <= k <= beams * vocab
+    ):  # fmt: skip
+        raise ValueError(f"lprobs {tuple(lprobs.shape)}, scores {tuple(scores.shape)}, k {k}")
+    if scores.dtype != torch.float32 or not scores.is_cpu:
+        raise ValueError(f"scores must be float32 on the CPU, not {scores.dtype}")
+    scores = scores.contiguous()
+    cand_scores = lprobs.new_empty((sentences, k))
+    cand_tokens, cand_beams = (torch.empty((sentences, k), dtype=torch.int64) for _ in range(2))
+    finalize = torch.empty((sentences, beam_size), dtype=torch.bool)
+    alive_beams, alive_tokens = (torch.empty((sentences, beam_size), dtype=torch.int64)
+                                 for _ in range(2))  # fmt: skip
+    alive_scores = lprobs.new_empty((sentences, beam_size))
+    outputs = (cand_scores, cand_tokens, cand_beams, finalize, alive_beams, alive_tokens,
+               alive_scores)  # fmt: skip
+    unsure = kernel(
+        lprobs.data_ptr(), lprobs.stride(0), lprobs.stride(1), scores.data_ptr(), sentences,
+        beams, vocab, k, beam_size, eos, *(t.data_ptr() for t in outputs),
+        threads_for(sentences * beams * vocab // 8),
+    )  # fmt: skip
+    return None if unsure else outputs

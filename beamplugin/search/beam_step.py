@@ -46,6 +46,10 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
     bsz, in_beam, vocab = lprobs.shape
     # fairseq's k: the 2 x beam best, or all but one (pad is never a candidate)
     k = min(2 * beam_size, in_beam * vocab - 1)
+    if k >= beam_size and candidates.serves(lprobs):  # our kernel, where ties do not decide
+        step = candidates.beam_step(lprobs, scores, k, beam_size, eos)
+        if step is not None:
+            return BeamStep(*step)
     cand_scores, flat = top_candidates(lprobs, scores, k)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
     cand_tokens = flat.remainder(vocab)

@@ -102,3 +102,46 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
     }
     return unsure;
 }
+
+/* fairseq's beam step on top_candidates' k candidates (k >= beam_size): each candidate's
+ * hypothesis (flat / vocab) and token (flat % vocab); finalize: the first beam_size
+ * candidates that end in EOS with a finite score; the next beam: the first beam_size
+ * candidates that do not end in EOS, in rank order, then EOS ones (their scores -inf where
+ * fewer than beam_size others can exist: k - beams < beam_size). Outputs [sentences, k]
+ * (scores, tokens, beams) and [sentences, beam_size] (finalize, alive beams, tokens, scores).
+ * Returns top_candidates' count of unsure sentences; with any, the step is torch's to make. */
+int64_t beam_step(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
+                  const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
+                  int64_t k, int64_t beam_size, int64_t eos, float *cand_scores,
+                  int64_t *cand_tokens, int64_t *cand_beams, uint8_t *finalize,
+                  int64_t *alive_beams, int64_t *alive_tokens, float *alive_scores, int threads)
+{
+    int64_t unsure = top_candidates(lprobs, sentence_stride, beam_stride, scores, sentences,
+                                    beams, vocab, k, cand_scores, cand_tokens, threads);
+    if (unsure)
+        return unsure;
+    int dead_slots = k - beams < beam_size;
+    for (int64_t s = 0; s < sentences; s++) {
+        float *score = cand_scores + s * k;
+        int64_t *token = cand_tokens + s * k, *from = cand_beams + s * k;
+        uint8_t ends[k];
+        for (int64_t j = 0; j < k; j++) {
+            int64_t flat = token[j];
+            from[j] = flat / vocab;
+            token[j] = flat % vocab;
+            ends[j] = token[j] == eos && score[j] != -INFINITY;
+            if (j < beam_size)
+                finalize[s * beam_size + j] = ends[j];
+        }
+        int64_t n = 0;
+        for (int pass = 0; pass < 2 && n < beam_size; pass++)
+            for (int64_t j = 0; j < k && n < beam_size; j++)
+                if (ends[j] == pass) {
+                    int64_t i = s * beam_size + n++;
+                    alive_beams[i] = from[j];
+                    alive_tokens[i] = token[j];
+                    alive_scores[i] = dead_slots && ends[j] ? -INFINITY : score[j];
+                }
+    }
+    return 0;
+}
