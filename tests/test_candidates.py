@@ -116,3 +116,37 @@ def test_the_beam_step_is_the_torch_steps(monkeypatch, sentences, beams, vocab, 
         theirs = beam_step(lprobs, scores, beam_size, eos)
     for field, a, b in zip(ours._fields, ours, theirs, strict=True):
         assert torch.equal(a, b), field
+
+
+def test_an_avx2_build_finds_the_same_candidates(tmp_path):
+    """Machines of this kind differ: some are AVX2 only, where `-march=native` takes the file's
+    generic vector code. Built here for an AVX2 CPU, the kernel gives torch's candidates."""
+    import ctypes
+    import subprocess
+
+    from beamplugin.kernels import native_library
+
+    if "avx2" not in native_library.cpu_flags():
+        pytest.skip("this CPU cannot run AVX2 code")
+    flags = [f for f in native_library.FLAGS if not f.startswith("-march")] + ["-march=haswell"]
+    library = tmp_path / "candidates.so"
+    source = native_library.SOURCES / "candidates.c"
+    compiler = os.environ.get("CC", "cc")
+    built = subprocess.run([compiler, *flags, "-Wno-psabi", "-o", str(library), str(source)],
+                           capture_output=True, text=True)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    kernel = ctypes.CDLL(str(library)).top_candidates
+    kernel.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 2, ctypes.c_void_p,
+                       *[ctypes.c_int64] * 4, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    kernel.restype = ctypes.c_int64  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    for sentences, beams, vocab in [(1, 5, 3992), (64, 5, 3992), (3, 4, 8001), (7, 3, 17)]:
+        lprobs = torch.randn(sentences, beams, vocab, generator=g).log_softmax(-1)
+        scores = torch.randn(sentences, beams, generator=g) * 5
+        k = 2 * beams
+        values, indices = torch.empty(sentences, k), torch.empty(sentences, k, dtype=torch.int64)
+        unsure = kernel(lprobs.data_ptr(), lprobs.stride(0), lprobs.stride(1), scores.data_ptr(),
+                        sentences, beams, vocab, k, values.data_ptr(), indices.data_ptr(), 1)
+        assert unsure == 0, (sentences, beams, vocab)
+        want_values, want_indices = expected(lprobs, scores, k)
+        assert torch.equal(values, want_values) and torch.equal(indices, want_indices)

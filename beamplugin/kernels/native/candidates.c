@@ -26,7 +26,7 @@ static inline int any_candidate(v16 v, float least)
 typedef int32_t v16i __attribute__((vector_size(64)));
 static inline int any_candidate(v16 v, float least)
 {
-    v16i above = !(v < least); /* lanes of -1 where not below */
+    v16i above = (v >= least) | (v != v); /* lanes of -1 where not below (or NaN) */
     uint64_t parts[8];
     memcpy(parts, &above, sizeof parts);
     return (parts[0] | parts[1] | parts[2] | parts[3] | parts[4] | parts[5] | parts[6] |
@@ -34,13 +34,28 @@ static inline int any_candidate(v16 v, float least)
 }
 #endif
 
-/* value (not NaN) into best[0..*count) (descending, at most k), after its equals; *tie set if
- * it equals one of them or, with k kept, the least of them */
+/* The highest score met equal to one kept at the time: torch's order decides only if it is
+ * still among the k best at the end (a tie the scan later passes by does not count). */
+struct tie {
+    int seen;
+    float value;
+};
+
+static inline void note_tie(struct tie *tie, float value)
+{
+    if (!tie->seen || value > tie->value)
+        tie->value = value;
+    tie->seen = 1;
+}
+
+/* value (not NaN) into best[0..*count) (descending, at most k), after its equals; a tie noted
+ * if it equals one of them or, with k kept, the least of them */
 static inline void consider(float value, int64_t index, float *best, int64_t *where,
-                            int64_t *count, int64_t k, int *tie)
+                            int64_t *count, int64_t k, struct tie *tie)
 {
     if (*count == k && !(value > best[k - 1])) {
-        *tie |= value == best[k - 1];
+        if (value == best[k - 1])
+            note_tie(tie, value);
         return;
     }
     int64_t p = *count < k ? (*count)++ : k - 1;
@@ -49,7 +64,8 @@ static inline void consider(float value, int64_t index, float *best, int64_t *wh
         where[p] = where[p - 1];
         p--;
     }
-    *tie |= p > 0 && best[p - 1] == value;
+    if (p > 0 && best[p - 1] == value)
+        note_tie(tie, value);
     best[p] = value;
     where[p] = index;
 }
@@ -67,7 +83,8 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
     for (int64_t s = 0; s < sentences; s++) {
         float *best = values + s * k;
         int64_t *where = indices + s * k, count = 0;
-        int tie = 0;
+        struct tie tie = {0, 0.0f};
+        int nan = 0;
         for (int64_t b = 0; b < beams; b++) {
             const float *row = lprobs + s * sentence_stride + b * beam_stride;
             float score = scores[s * beams + b];
@@ -75,7 +92,7 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
             for (; count < k && v < vocab; v++) {
                 float value = row[v] + score;
                 if (value != value)
-                    tie = 1;
+                    nan = 1;
                 else
                     consider(value, first + v, best, where, &count, k, &tie);
             }
@@ -85,7 +102,7 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
                     continue;
                 for (int j = 0; j < 16; j++) {
                     if (sums[j] != sums[j])
-                        tie = 1;
+                        nan = 1;
                     else
                         consider(sums[j], first + v + j, best, where, &count, k, &tie);
                 }
@@ -93,12 +110,12 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
             for (; v < vocab; v++) {
                 float value = row[v] + score;
                 if (value != value)
-                    tie = 1;
+                    nan = 1;
                 else
                     consider(value, first + v, best, where, &count, k, &tie);
             }
         }
-        unsure += tie;
+        unsure += nan || count < k || (tie.seen && tie.value >= best[k - 1]);
     }
     return unsure;
 }
