@@ -127,6 +127,15 @@ static const float *input(const struct step *s, const struct norm *n, const floa
     return s->normed;
 }
 
+/* the feed-forward sublayer on x, its residual added (and a post-norm), into out: 0, or -1 if
+ * an int8 product could not allocate its quantized rows */
+static int feed_forward(const struct step *s, const struct layer *L, const float *x, float *out)
+{
+    if (product(s, &L->fc1, input(s, &L->final_norm, x), s->embed, 0, s->inner, 1))
+        return -1;
+    return product(s, &L->fc2, s->inner, s->hidden, x, out, 0);
+}
+
 static const float *out_of_memory(struct step *s)
 {
     s->failed = 2;
@@ -161,61 +170,6 @@ static int embed(struct step *s)
     return 0;
 }
 
-/* Runs the step (s->width >= s->steps, the history's columns); returns s->logits, or NULL (and
- * why in s->failed). */
-const float *decoder_step(struct step *s, const struct layer *layers)
-{
-    int64_t E = s->embed, H = s->heads, D = s->head_dim;
-    if (embed(s)) {
-        s->failed = 3;
-        return 0;
-    }
-    float *x = s->x, *spare[2] = {s->a, s->b};
-    int turn = 0;
-    for (int64_t l = 0; l < s->layers; l++) {
-        const struct layer *L = layers + l;
-        float *out = spare[turn];
-        turn ^= 1;
-        if (product(s, &L->qkv, input(s, &L->self_norm, x), E, 0, s->qkv, 0))
-            return out_of_memory(s);
-        if (s->self_attention(s->qkv, 3 * E, L->keys, L->values, s->row_stride, s->head_stride,
-                              s->sources, s->slots, s->bias, 0, s->context, s->rows, H, D,
-                              s->width, threads_for(s, s->rows * H * s->width * D))) {
-            s->failed = 1;
-            return 0;
-        }
-        if (product(s, &L->self_out, s->context, E, x, out, 0))
-            return out_of_memory(s);
-        x = out;
-        out = spare[turn];
-        turn ^= 1;
-        if (product(s, &L->cross_query, input(s, &L->cross_norm, x), E, 0, s->query, 0))
-            return out_of_memory(s);
-        int64_t first = 0;
-        for (int64_t g = 0; g < s->groups; g++) {
-            const struct group *G = s->group + g;
-            float *probs = l == s->alignment_layer ? G->probs : 0;
-            s->cross_attention(s->query + first * E, E, G->keys[l], G->k_sentence, G->k_head,
-                               G->k_dim, G->values[l], G->v_sentence, G->v_head, G->bias,
-                               G->bias_sentence, probs, s->context + first * E, G->rows, G->each,
-                               H, D, G->src, threads_for(s, G->rows * H * G->src * D));
-            first += G->rows;
-        }
-        if (product(s, &L->cross_out, s->context, E, x, out, 0))
-            return out_of_memory(s);
-        x = out;
-        out = spare[turn];
-        turn ^= 1;
-        if (product(s, &L->fc1, input(s, &L->final_norm, x), E, 0, s->inner, 1) ||
-            product(s, &L->fc2, s->inner, s->hidden, x, out, 0))
-            return out_of_memory(s);
-        x = out;
-    }
-    if (product(s, &s->output, input(s, &s->final_norm, x), E, 0, s->logits, 0))
-        return out_of_memory(s);
-    return s->logits;
-}
-
 /* An encoder's sentences: `sentences` of `width` positions each (the step's rows, sentence by
  * sentence), the padding bias [sentences, width] (row stride bias_sentence; 0 or -inf), and
  * scratch for a layer's keys [sentences, heads, head_dim, width] and values [sentences, heads,
@@ -226,13 +180,59 @@ struct sources {
     float *keys, *values;
 };
 
-/* The encoder's layers on s->x ([rows, embed], rows = sentences x width): each position's
- * self-attention over its sentence's (the cross-attention kernel, keys and values laid out from
- * the layer's projections), then the feed-forward, each sublayer's residual and norm as the
- * decoder's. Returns the output (s->a or s->b), or NULL if an int8 product had no memory. */
-const float *encoder_layers(struct step *s, const struct layer *layers, const struct sources *src)
+/* The self-attention of s->qkv's rows into s->context: over each row's history (a decoder's,
+ * src NULL), or over its sentence's positions (an encoder's: the cross-attention kernel, keys
+ * and values laid out from the projections). 0, or -1 if the history's sources were refused. */
+static int self_attention(struct step *s, const struct layer *L, const struct sources *src)
 {
-    int64_t E = s->embed, H = s->heads, D = s->head_dim, S = src->sentences, W = src->width;
+    int64_t E = s->embed, H = s->heads, D = s->head_dim;
+    if (!src)
+        return s->self_attention(s->qkv, 3 * E, L->keys, L->values, s->row_stride,
+                                 s->head_stride, s->sources, s->slots, s->bias, 0, s->context,
+                                 s->rows, H, D, s->width,
+                                 threads_for(s, s->rows * H * s->width * D));
+    int64_t W = src->width;
+    for (int64_t n = 0; n < src->sentences; n++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t w = 0; w < W; w++) {
+                const float *row = s->qkv + (n * W + w) * 3 * E + h * D;
+                float *keys = src->keys + ((n * H + h) * D) * W + w;
+                float *values = src->values + ((n * H + h) * W + w) * D;
+                for (int64_t d = 0; d < D; d++) {
+                    keys[d * W] = row[E + d];
+                    values[d] = row[2 * E + d];
+                }
+            }
+    s->cross_attention(s->qkv, 3 * E, src->keys, H * D * W, D * W, W, src->values, H * W * D,
+                       W * D, src->bias, src->bias_sentence, 0, s->context, s->rows, W, H, D, W,
+                       threads_for(s, s->rows * H * W * D));
+    return 0;
+}
+
+/* The cross-attention of s->query's rows over their groups' memory (layer l's), into
+ * s->context; the alignment layer's weights into the groups' probs. */
+static void cross_attention(const struct step *s, int64_t l)
+{
+    int64_t E = s->embed, H = s->heads, D = s->head_dim, first = 0;
+    for (int64_t g = 0; g < s->groups; g++) {
+        const struct group *G = s->group + g;
+        float *probs = l == s->alignment_layer ? G->probs : 0;
+        s->cross_attention(s->query + first * E, E, G->keys[l], G->k_sentence, G->k_head,
+                           G->k_dim, G->values[l], G->v_sentence, G->v_head, G->bias,
+                           G->bias_sentence, probs, s->context + first * E, G->rows, G->each, H,
+                           D, G->src, threads_for(s, G->rows * H * G->src * D));
+        first += G->rows;
+    }
+}
+
+/* The layers on s->x ([rows, embed]): the self-attention (see self_attention), the
+ * cross-attention where a layer has one (a decoder's), the feed-forward, each sublayer's
+ * residual added in its last product and its norm before (pre-norm) or after (post-norm).
+ * Returns the output (s->a or s->b), or NULL (why in s->failed). */
+static const float *run_layers(struct step *s, const struct layer *layers,
+                               const struct sources *src)
+{
+    int64_t E = s->embed;
     float *x = s->x, *spare[2] = {s->a, s->b};
     int turn = 0;
     for (int64_t l = 0; l < s->layers; l++) {
@@ -241,29 +241,52 @@ const float *encoder_layers(struct step *s, const struct layer *layers, const st
         turn ^= 1;
         if (product(s, &L->qkv, input(s, &L->self_norm, x), E, 0, s->qkv, 0))
             return out_of_memory(s);
-        for (int64_t n = 0; n < S; n++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t w = 0; w < W; w++) {
-                    const float *row = s->qkv + (n * W + w) * 3 * E + h * D;
-                    float *keys = src->keys + ((n * H + h) * D) * W + w;
-                    float *values = src->values + ((n * H + h) * W + w) * D;
-                    for (int64_t d = 0; d < D; d++) {
-                        keys[d * W] = row[E + d];
-                        values[d] = row[2 * E + d];
-                    }
-                }
-        s->cross_attention(s->qkv, 3 * E, src->keys, H * D * W, D * W, W, src->values,
-                           H * W * D, W * D, src->bias, src->bias_sentence, 0, s->context,
-                           s->rows, W, H, D, W, threads_for(s, s->rows * H * W * D));
+        if (self_attention(s, L, src)) {
+            s->failed = 1;
+            return 0;
+        }
         if (product(s, &L->self_out, s->context, E, x, out, 0))
             return out_of_memory(s);
         x = out;
+        if (L->cross_query.panels) {
+            out = spare[turn];
+            turn ^= 1;
+            if (product(s, &L->cross_query, input(s, &L->cross_norm, x), E, 0, s->query, 0))
+                return out_of_memory(s);
+            cross_attention(s, l);
+            if (product(s, &L->cross_out, s->context, E, x, out, 0))
+                return out_of_memory(s);
+            x = out;
+        }
         out = spare[turn];
         turn ^= 1;
-        if (product(s, &L->fc1, input(s, &L->final_norm, x), E, 0, s->inner, 1) ||
-            product(s, &L->fc2, s->inner, s->hidden, x, out, 0))
+        if (feed_forward(s, L, x, out))
             return out_of_memory(s);
         x = out;
     }
     return x;
+}
+
+/* A decoder's step (s->width >= s->steps, the history's columns): the embedding and mask, the
+ * layers, the final norm and the output projection. Returns s->logits, or NULL (why in
+ * s->failed). */
+const float *decoder_step(struct step *s, const struct layer *layers)
+{
+    if (embed(s)) {
+        s->failed = 3;
+        return 0;
+    }
+    const float *x = run_layers(s, layers, 0);
+    if (!x)
+        return 0;
+    if (product(s, &s->output, input(s, &s->final_norm, x), s->embed, 0, s->logits, 0))
+        return out_of_memory(s);
+    return s->logits;
+}
+
+/* An encoder's layers on s->x ([rows, embed], rows = sentences x width, src: the sentences).
+ * Returns the output (s->a or s->b), or NULL if an int8 product had no memory. */
+const float *encoder_layers(struct step *s, const struct layer *layers, const struct sources *src)
+{
+    return run_layers(s, layers, src);
 }
