@@ -273,7 +273,7 @@ class DecoderStep:
             entry.values = windows[2 * index + 1].data_ptr()
         if sum(group.rows for group in groups) != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        group_table, kept = _group_table(groups, layers, heads, head_dim)
+        group_table = _group_table(groups, layers, heads, head_dim)
         probs = [windows.new_empty((g.rows, heads, g.keys[0].size(3))) for g in groups]
         for entry, weights in zip(group_table, probs, strict=True):
             entry.probs = weights.data_ptr()
@@ -289,7 +289,6 @@ class DecoderStep:
             torch.get_num_threads(), 0,
         )  # fmt: skip
         out = run(ctypes.byref(step), self.table)
-        del kept  # the groups' pointer arrays, read by the call
         if out is None and step.failed == 2:
             raise MemoryError(f"no memory to quantize {rows} rows")
         if out is None and step.failed == 3:
@@ -315,11 +314,9 @@ class DecoderStep:
             raise ValueError("the history must be float32 on the CPU")
 
 
-def _group_table(
-    groups: list[Group], layers: int, heads: int, head_dim: int
-) -> tuple[ctypes.Array, list[ctypes.Array]]:
-    """``groups`` as the C structs, and the pointer arrays they point into (to keep)."""
-    table, kept = (_Group * len(groups))(), []
+def _group_table(groups: list[Group], layers: int, heads: int, head_dim: int) -> ctypes.Array:
+    """``groups`` as the C structs (which keep the pointer arrays they point to alive)."""
+    table = (_Group * len(groups))()
     for entry, group in zip(table, groups, strict=True):
         sentences, _, _, src = group.keys[0].shape
         for k, v in zip(group.keys, group.values, strict=True):
@@ -335,10 +332,9 @@ def _group_table(
             raise ValueError("a group needs every layer's memory, as many rows a sentence")
         key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
         value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
-        kept += [key_pointers, value_pointers]
         entry.keys, entry.values = key_pointers, value_pointers
         entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
         entry.v_sentence, entry.v_head = group.values[0].stride()[:2]
         entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
         entry.rows, entry.each, entry.src = group.rows, group.rows // sentences, src
-    return table, kept
+    return table
