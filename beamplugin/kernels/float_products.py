@@ -51,10 +51,9 @@ def _kernel() -> Callable[..., Any] | None:
 def _bf16_kernel() -> Callable[..., Any] | None:
     """bf16_products.c's ``bf16_products`` (None where it cannot be built or the CPU has no
     AVX512-BF16)."""
-    native = native_library.function("bf16_products", "bf16_kernel_available", [], INT)
-    if native is None or not native():
-        return None
-    return native_library.function("bf16_products", "bf16_products", [*_PRODUCT, INT])
+    return native_library.function_for_this_cpu(
+        "bf16_products", "bf16_kernel_available", "bf16_products", [*_PRODUCT, INT]
+    )
 
 
 def _kernel_for(dtype: torch.dtype) -> Callable[..., Any] | None:

@@ -41,12 +41,11 @@ class Int8Panels(NamedTuple):
 def _kernel() -> Callable[..., Any] | None:
     """int8_products.c's ``int8_products`` (None where it cannot be built or the CPU has no
     AVX512-VNNI)."""
-    vnni = native_library.function("int8_products", "int8_kernel_available", [], INT)
-    if vnni is None or not vnni():
-        return None
     signature = [POINTER, SIZE, SIZE, FLOAT, POINTER, POINTER, POINTER, POINTER, POINTER, SIZE]
     signature += [POINTER, SIZE, SIZE, SIZE, INT, INT]
-    return native_library.function("int8_products", "int8_products", signature, INT)
+    return native_library.function_for_this_cpu(
+        "int8_products", "int8_kernel_available", "int8_products", signature, INT
+    )
 
 
 def available() -> bool:

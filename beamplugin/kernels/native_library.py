@@ -77,6 +77,17 @@ def function(
     return kernel
 
 
+def function_for_this_cpu(
+    name: str, available: str, symbol: str, argtypes: Sequence[Any], restype: Any = None
+) -> Callable[..., Any] | None:
+    """:func:`function`'s ``symbol``, where the library's ``available()`` says this CPU has the
+    instructions it needs (files that need AVX512-VNNI or -BF16 export only that elsewhere)."""
+    check = function(name, available, [], ctypes.c_int)
+    if check is None or not check():
+        return None
+    return function(name, symbol, argtypes, restype)
+
+
 def address(name: str, symbol: str) -> int | None:
     """Where ``symbol`` of :func:`load`'s library for ``name`` is, for C code that calls it (None
     where the library cannot be built here); its ctypes signature is left as it is."""

@@ -200,6 +200,8 @@ class MixedStepTransformerDecoder(nn.Module):
         attention = decoder.layers[0].self_attn
         self.heads, self.head_dim = attention.num_heads, attention.head_dim
         self.history = SelfAttentionHistory(len(decoder.layers), self.heads, self.head_dim)
+        layers = range(len(decoder.layers))  # the memory's names of each layer's keys, values
+        self.memory_names = [f"keys{i}" for i in layers], [f"values{i}" for i in layers]
 
     def forward(
         self,
@@ -245,14 +247,12 @@ class MixedStepTransformerDecoder(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
         ``[rows, vocab]`` and the alignment layer's cross-attention averaged over heads."""
-        layers = range(len(self.decoder.layers))
+        keys, values = self.memory_names
         groups = [
             transformer_layers.Group(
-                [memory[f"keys{layer}"] for layer in layers],
-                [memory[f"values{layer}"] for layer in layers],
-                memory["bias"],
-                group_rows,
-            )
+                [memory[name] for name in keys], [memory[name] for name in values],
+                memory["bias"], group_rows,
+            )  # fmt: skip
             for memory, group_rows in encoder_out["attention_groups"]
         ]
         logits, probs = in_kernel(

@@ -50,7 +50,10 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         step = candidates.beam_step(lprobs, scores, k, beam_size, eos)
         if step is not None:
             return BeamStep(*step)
-    cand_scores, flat = top_candidates(lprobs, scores, k)
+        # equal scores or NaN: torch's order, which fairseq's results follow
+        cand_scores, flat = torch.topk((lprobs + scores.unsqueeze(2)).view(bsz, -1), k)
+    else:
+        cand_scores, flat = top_candidates(lprobs, scores, k)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
     cand_tokens = flat.remainder(vocab)
     # An EOS with score -inf (masked EOS) is an ordinary dead candidate, as in fairseq.
