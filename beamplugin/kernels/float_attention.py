@@ -30,7 +30,7 @@ def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     own = [POINTER, SIZE, POINTER, POINTER, SIZE, SIZE, POINTER, SIZE, POINTER, POINTER]
     own += [POINTER, SIZE, SIZE, SIZE, SIZE, INT]
     cross = [POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, POINTER, SIZE, SIZE, POINTER, SIZE]
-    cross += [POINTER, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, INT]
+    cross += [POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, INT]
     self_attention = native_library.function("attention", "self_attention", own, ctypes.c_int)
     cross_attention = native_library.function("attention", "cross_attention", cross)
     if self_attention is None or cross_attention is None:
@@ -106,7 +106,7 @@ def cross_attention(
     head_dim, src]`` and ``values`` ``[sentences, heads, src, head_dim]`` (views of a memory
     pool: source positions consecutive) with their padding ``bias`` ``[sentences, 1, 1, src]``
     (0 or -inf). The context goes into ``out`` ``[rows, embed]`` (contiguous rows); returns the
-    weights ``[rows, heads, src]`` if ``need_weights``."""
+    weights averaged over heads ``[rows, src]`` if ``need_weights``."""
     kernels = _kernels()
     assert kernels is not None, "check serves() first"
     sentences, heads, head_dim, src = keys.shape
@@ -119,7 +119,7 @@ def cross_attention(
         raise ValueError("the source positions of keys, values and bias must be consecutive")
     if query.stride(1) != 1 or out.stride() != (heads * head_dim, 1) or rows % sentences:
         raise ValueError("query and out must have contiguous rows, as many for each sentence")
-    probs = query.new_empty((rows, heads, src)) if need_weights else None
+    mean = query.new_empty((rows, src)) if need_weights else None
     kernels[1](
         query.data_ptr(),
         query.stride(0),
@@ -129,7 +129,8 @@ def cross_attention(
         *values.stride()[:2],
         bias.data_ptr(),
         bias.stride(0),
-        None if probs is None else probs.data_ptr(),
+        None if mean is None else mean.data_ptr(),
+        src,
         out.data_ptr(),
         rows,
         rows // sentences,
@@ -138,4 +139,4 @@ def cross_attention(
         src,
         threads_for(rows * heads * src * head_dim),
     )
-    return probs
+    return mean

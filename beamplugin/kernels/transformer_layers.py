@@ -91,7 +91,7 @@ class _Group(ctypes.Structure):
     _fields_ = [("keys", ctypes.POINTER(_P)), ("values", ctypes.POINTER(_P))]
     _fields_ += [(name, _I) for name in ("k_sentence", "k_head", "k_dim", "v_sentence",
                                          "v_head", "bias_sentence")]  # fmt: skip
-    _fields_ += [("bias", _P), ("probs", _P), ("rows", _I), ("each", _I), ("src", _I)]
+    _fields_ += [("bias", _P), ("rows", _I), ("each", _I), ("src", _I)]
 
 
 class _Step(ctypes.Structure):
@@ -105,6 +105,7 @@ class _Step(ctypes.Structure):
                                          "hidden", "width", "slots", "row_stride",
                                          "head_stride", "groups", "alignment_layer")]  # fmt: skip
     _fields_ += [("sources", _P), ("bias", _P), ("group", ctypes.POINTER(_Group))]
+    _fields_ += [("alignment", _P), ("alignment_width", _I)]
     _fields_ += [(name, _P) for name in ("x", "a", "b", "normed", "qkv", "context", "query",
                                          "inner")]  # fmt: skip
     _fields_ += [("threads", ctypes.c_int), ("failed", ctypes.c_int)]
@@ -226,7 +227,7 @@ class EncoderLayers:
 
 class DecoderStep:
     """``layers`` and their ``ends`` (float32 or int8 products, contiguous tensors) ready to run
-    a step's rows through them."""
+    a step's rows through them, one step at a time (a step fills in its tables)."""
 
     def __init__(self, layers: list[Layer], ends: Ends, heads: int) -> None:
         self.kernels = _kernels()
@@ -242,60 +243,65 @@ class DecoderStep:
                for t in tables):  # fmt: skip
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = _layer_table(layers, int8_kernel)
-        self.output = _product(ends.output, int8_kernel)
-        self.final_norm = _norm(ends.final_norm)
+        addresses = self.kernels[1]
+        # what every step shares; a step fills in the rest
+        self.step = _Step(
+            token_stride=0, pad=ends.pad, vocab=ends.embedding.size(0),
+            positions=ends.positions.size(0), embedding=ends.embedding.data_ptr(),
+            position_table=ends.positions.data_ptr(), embed_scale=ends.scale,
+            final_norm=_norm(ends.final_norm), output=_product(ends.output, int8_kernel),
+            products=addresses[0], int8_products=addresses[1],
+            smallest=int8_products.SMALLEST_SCALE, norm=addresses[2],
+            self_attention=addresses[3], cross_attention=addresses[4], layers=len(layers),
+            embed=self.embed, heads=heads, head_dim=self.head_dim, hidden=self.hidden,
+        )  # fmt: skip
+
+    def groups(self, groups: list[Group]) -> Groups:
+        """``groups`` checked and laid out for the steps that read them."""
+        return Groups(groups, len(self.layers), self.heads, self.head_dim)
 
     def __call__(
         self,
         tokens: Tensor,
         windows: Tensor,
         sources: Tensor,
-        groups: list[Group],
+        groups: Groups,
         alignment_layer: int,
-    ) -> tuple[Tensor, list[Tensor]]:
+    ) -> tuple[Tensor, Tensor]:
         """The logits ``[rows, vocab]`` of the next token after ``tokens`` ``[rows, steps]``
         (int64, right-aligned, pad before a row's own), given the rows' histories ``windows``
         ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s column ``j`` in slot
-        ``sources[r, j]``; its last column written here, in slot ``r``) and ``groups``'
-        memories; and the alignment layer's cross-attention weights per group ``[rows, heads,
-        src]``."""
-        run, addresses = self.kernels
+        ``sources[r, j]``; its last column written here, in slot ``r``) and the ``groups``'
+        memories; and the alignment layer's cross-attention weights averaged over heads ``[rows,
+        src]``, each group's left-padded with zeros to the widest."""
         rows, steps = tokens.shape
-        embed, layers, heads, head_dim = self.embed, len(self.layers), self.heads, self.head_dim
         slots, width = windows.size(1), sources.size(1)
         self._check(tokens, windows, sources)
-        x = windows.new_empty(rows * (9 * embed + self.hidden + width + self.vocab))
-        sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
-        parts = x.split([rows * n for n in (*sizes, self.vocab)])
-        pointers = [p.data_ptr() for p in parts]
-        for index, entry in enumerate(self.table):
-            entry.keys = windows[2 * index].data_ptr()
-            entry.values = windows[2 * index + 1].data_ptr()
-        if sum(group.rows for group in groups) != rows:
+        if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        group_table = _group_table(groups, layers, heads, head_dim)
-        probs = [windows.new_empty((g.rows, heads, g.keys[0].size(3))) for g in groups]
-        for entry, weights in zip(group_table, probs, strict=True):
-            entry.probs = weights.data_ptr()
-        ends = self.ends
-        step = _Step(
-            tokens.data_ptr(), tokens.stride(0), steps, ends.pad, ends.embedding.size(0),
-            ends.positions.size(0), ends.embedding.data_ptr(), ends.positions.data_ptr(),
-            ends.scale, self.final_norm, self.output, pointers[-1],
-            addresses[0], addresses[1], int8_products.SMALLEST_SCALE, *addresses[2:],
-            layers, rows, embed, heads, head_dim, self.hidden, width, slots,
-            windows.stride(1), windows.stride(2), len(groups), alignment_layer,
-            sources.data_ptr(), pointers[8], group_table, *pointers[:8],
-            torch.get_num_threads(), 0,
-        )  # fmt: skip
-        out = run(ctypes.byref(step), self.table)
-        if out is None and step.failed == 2:
-            raise MemoryError(f"no memory to quantize {rows} rows")
-        if out is None and step.failed == 3:
-            raise ValueError("a token outside the embedding, or a position outside its table")
-        if out is None:
-            raise ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
-        return parts[-1].view(rows, self.vocab), probs
+        embed, vocab, widest = self.embed, self.vocab, groups.widest
+        sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
+        x = windows.new_empty(rows * (sum(sizes) + widest + vocab))
+        step, at = self.step, x.data_ptr()
+        for name, size in zip(_SCRATCH, sizes, strict=True):  # float32: 4 bytes each
+            setattr(step, name, at)
+            at += 4 * rows * size
+        step.alignment, step.alignment_width, step.logits = at, widest, at + 4 * rows * widest
+        history, layer_bytes = windows.data_ptr(), 4 * windows.stride(0)
+        for index, entry in enumerate(self.table):
+            entry.keys = history + 2 * index * layer_bytes
+            entry.values = entry.keys + layer_bytes
+        step.tokens, step.token_stride, step.steps = tokens.data_ptr(), tokens.stride(0), steps
+        step.rows, step.width, step.slots, step.sources = rows, width, slots, sources.data_ptr()
+        step.row_stride, step.head_stride = windows.stride(1), windows.stride(2)
+        step.groups, step.group = len(groups.table), groups.table
+        step.alignment_layer, step.threads = alignment_layer, torch.get_num_threads()
+        step.failed = 0
+        if self.kernels[0](ctypes.byref(step), self.table) is None:
+            raise _failure(step.failed, rows, slots)
+        logits = x[x.numel() - rows * vocab :].view(rows, vocab)
+        attn = x[x.numel() - rows * (vocab + widest) : x.numel() - rows * vocab]
+        return logits, attn.view(rows, widest)
 
     def _check(self, tokens: Tensor, windows: Tensor, sources: Tensor) -> None:
         """A ValueError where the step's inputs are not what the C code reads."""
@@ -314,27 +320,45 @@ class DecoderStep:
             raise ValueError("the history must be float32 on the CPU")
 
 
-def _group_table(groups: list[Group], layers: int, heads: int, head_dim: int) -> ctypes.Array:
-    """``groups`` as the C structs (which keep the pointer arrays they point to alive)."""
-    table = (_Group * len(groups))()
-    for entry, group in zip(table, groups, strict=True):
-        sentences, _, _, src = group.keys[0].shape
-        for k, v in zip(group.keys, group.values, strict=True):
-            if k.shape != (sentences, heads, head_dim, src) or k.stride(3) != 1 or (
-                v.shape != (sentences, heads, src, head_dim) or v.stride()[2:] != (head_dim, 1)
-            ):  # fmt: skip
-                raise ValueError("a group's keys or values are not attention.c's layout")
-            if k.stride() != group.keys[0].stride() or v.stride() != group.values[0].stride():
-                raise ValueError("a group's layers must share their strides")
-        if group.bias.shape != (sentences, 1, 1, src) or group.bias.stride(3) != 1:
-            raise ValueError("a group's bias must be [sentences, 1, 1, src]")
-        if len(group.keys) != layers or group.rows % sentences:
-            raise ValueError("a group needs every layer's memory, as many rows a sentence")
-        key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
-        value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
-        entry.keys, entry.values = key_pointers, value_pointers
-        entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
-        entry.v_sentence, entry.v_head = group.values[0].stride()[:2]
-        entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
-        entry.rows, entry.each, entry.src = group.rows, group.rows // sentences, src
-    return table
+# the step's scratch, rows wide each, in the order of DecoderStep.__call__'s sizes
+_SCRATCH = ("x", "a", "b", "normed", "qkv", "context", "query", "inner", "bias")
+
+
+def _failure(failed: int, rows: int, slots: int) -> Exception:
+    """What a step's ``failed`` code means."""
+    if failed == 2:
+        return MemoryError(f"no memory to quantize {rows} rows")
+    if failed == 3:
+        return ValueError("a token outside the embedding, or a position outside its table")
+    return ValueError(f"sources must be slots 0 to {slots - 1}, and rows {slots} at most")
+
+
+class Groups:
+    """Groups of rows (:class:`Group`) as the C step reads them: checked once, for all the
+    steps that read the same memory views."""
+
+    def __init__(self, groups: list[Group], layers: int, heads: int, head_dim: int) -> None:
+        self.rows = sum(group.rows for group in groups)
+        self.widest = max(group.bias.size(3) for group in groups)
+        self.table = table = (_Group * len(groups))()  # its entries keep their pointer arrays
+        for entry, group in zip(table, groups, strict=True):
+            sentences, _, _, src = group.keys[0].shape
+            for k, v in zip(group.keys, group.values, strict=True):
+                if k.shape != (sentences, heads, head_dim, src) or k.stride(3) != 1 or (
+                    v.shape != (sentences, heads, src, head_dim) or v.stride()[2:] != (head_dim, 1)
+                ):  # fmt: skip
+                    raise ValueError("a group's keys or values are not attention.c's layout")
+                if k.stride() != group.keys[0].stride() or v.stride() != group.values[0].stride():
+                    raise ValueError("a group's layers must share their strides")
+            if group.bias.shape != (sentences, 1, 1, src) or group.bias.stride(3) != 1:
+                raise ValueError("a group's bias must be [sentences, 1, 1, src]")
+            if len(group.keys) != layers or group.rows % sentences:
+                raise ValueError("a group needs every layer's memory, as many rows a sentence")
+            key_pointers = (_P * layers)(*(k.data_ptr() for k in group.keys))
+            value_pointers = (_P * layers)(*(v.data_ptr() for v in group.values))
+            entry.keys, entry.values = key_pointers, value_pointers
+            entry.k_sentence, entry.k_head, entry.k_dim = group.keys[0].stride()[:3]
+            entry.v_sentence, entry.v_head = group.values[0].stride()[:2]
+            entry.bias, entry.bias_sentence = group.bias.data_ptr(), group.bias.stride(0)
+            entry.rows, entry.each, entry.src = group.rows, group.rows // sentences, src
+        self.groups = groups  # keeps the tensors the pointers point into

@@ -202,6 +202,8 @@ class MixedStepTransformerDecoder(nn.Module):
         self.history = SelfAttentionHistory(len(decoder.layers), self.heads, self.head_dim)
         layers = range(len(decoder.layers))  # the memory's names of each layer's keys, values
         self.memory_names = [f"keys{i}" for i in layers], [f"values{i}" for i in layers]
+        # the memory views of the last step and the C step's table of them
+        self._kernel_groups: tuple[list, transformer_layers.Groups] | None = None
 
     def forward(
         self,
@@ -247,23 +249,22 @@ class MixedStepTransformerDecoder(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
         ``[rows, vocab]`` and the alignment layer's cross-attention averaged over heads."""
-        keys, values = self.memory_names
-        groups = [
-            transformer_layers.Group(
-                [memory[name] for name in keys], [memory[name] for name in values],
-                memory["bias"], group_rows,
-            )  # fmt: skip
-            for memory, group_rows in encoder_out["attention_groups"]
-        ]
-        logits, probs = in_kernel(
-            tokens, history.keys_values, history.sources, groups, self.alignment_layer
-        )
-        means = []
-        for group, weights in zip(groups, probs, strict=True):
-            sentences, width = group.bias.size(0), group.bias.size(3)
-            per_head = weights.view(sentences, group.rows // sentences, -1, width)
-            means.append(per_head.mean(dim=2).reshape(group.rows, 1, width))
-        return logits, _side_by_side(means)
+        views = encoder_out["attention_groups"]  # the same list while no sentence comes or goes
+        if self._kernel_groups is None or self._kernel_groups[0] is not views:
+            keys, values = self.memory_names
+            groups = [
+                transformer_layers.Group(
+                    [memory[name] for name in keys], [memory[name] for name in values],
+                    memory["bias"], group_rows,
+                )  # fmt: skip
+                for memory, group_rows in views
+            ]
+            self._kernel_groups = views, in_kernel.groups(groups)
+        logits, attn = in_kernel(
+            tokens, history.keys_values, history.sources, self._kernel_groups[1],
+            self.alignment_layer,
+        )  # fmt: skip
+        return logits, attn.unsqueeze(1)
 
     def _layers(
         self,
@@ -535,13 +536,11 @@ def _cross_attention_in_kernel(
     for memory, group_rows, _ in groups:
         keys, values = memory[f"keys{layer}"], memory[f"values{layer}"]
         last = first + group_rows
-        probs = float_attention.cross_attention(
+        mean = float_attention.cross_attention(
             q[first:last], keys, values, memory["bias"], context[first:last], need_weights
         )
-        if probs is not None:
-            sentences, width = keys.size(0), keys.size(3)
-            per_head = probs.view(sentences, group_rows // sentences, -1, width)
-            weights.append(per_head.mean(dim=2).reshape(group_rows, 1, width))
+        if mean is not None:
+            weights.append(mean.unsqueeze(1))
         first = last
     return context
 

@@ -154,13 +154,14 @@ int self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *val
 /* q: rows x embed (row stride q_stride), rows sentence by sentence, `each` a sentence.
  * keys: [sentences, heads, head_dim, src] (strides k_sentence, k_head, k_dim, 1); values:
  * [sentences, heads, src, head_dim] (strides v_sentence, v_head, head_dim, 1); bias:
- * [sentences, src] (strides bias_sentence, 1), 0 or -inf. probs: rows x heads x src (written),
- * or NULL. out: rows x embed. */
+ * [sentences, src] (strides bias_sentence, 1), 0 or -inf. mean: rows x src (row stride
+ * mean_stride), the weights averaged over heads (summed head after head, then divided: torch's
+ * mean at up to 4 heads), written, or NULL. out: rows x embed. */
 void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
                      int64_t k_head, int64_t k_dim, const float *values, int64_t v_sentence,
-                     int64_t v_head, const float *bias, int64_t bias_sentence, float *probs,
-                     float *out, int64_t rows, int64_t each, int64_t heads, int64_t head_dim,
-                     int64_t src, int threads)
+                     int64_t v_head, const float *bias, int64_t bias_sentence, float *mean,
+                     int64_t mean_stride, float *out, int64_t rows, int64_t each, int64_t heads,
+                     int64_t head_dim, int64_t src, int threads)
 {
     int64_t embed = heads * head_dim;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
@@ -171,8 +172,7 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
             const float *query = q + r * q_stride + h * head_dim;
             const float *k = keys + sentence * k_sentence + h * k_head;
             const float *v = values + sentence * v_sentence + h * v_head;
-            float scratch[probs ? 1 : src];
-            float *s = probs ? probs + (r * heads + h) * src : scratch;
+            float s[src];
             for (int64_t j = 0; j < src; j++)
                 s[j] = 0.0f;
             for (int64_t d = 0; d < head_dim; d++) {
@@ -185,6 +185,12 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
                 s[j] = sentence_bias[j] == -INFINITY ? -INFINITY : sentence_bias[j] + s[j];
             softmax(s, src);
             weigh_sources(s, v, NULL, 0, src, head_dim, out + r * embed + h * head_dim);
+            float *m = mean ? mean + r * mean_stride : 0;
+            for (int64_t j = 0; m && j < src; j++)
+                m[j] = h ? m[j] + s[j] : s[j];
         }
+        float *m = mean ? mean + r * mean_stride : 0;
+        for (int64_t j = 0; m && j < src; j++)
+            m[j] /= (float)heads;
     }
 }

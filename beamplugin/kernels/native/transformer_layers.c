@@ -33,9 +33,9 @@ typedef int (*self_attention_fn)(const float *qkv, int64_t qkv_stride, float *ke
 typedef void (*cross_attention_fn)(const float *q, int64_t q_stride, const float *keys,
                                    int64_t k_sentence, int64_t k_head, int64_t k_dim,
                                    const float *values, int64_t v_sentence, int64_t v_head,
-                                   const float *bias, int64_t bias_sentence, float *probs,
-                                   float *out, int64_t rows, int64_t each, int64_t heads,
-                                   int64_t head_dim, int64_t src, int threads);
+                                   const float *bias, int64_t bias_sentence, float *mean,
+                                   int64_t mean_stride, float *out, int64_t rows, int64_t each,
+                                   int64_t heads, int64_t head_dim, int64_t src, int threads);
 
 struct product { /* a packed weight [out, in], its bias and a post-norm (gamma NULL: none) */
     const void *panels; /* float32, or int8 where sums is not NULL */
@@ -60,7 +60,6 @@ struct group { /* rows of sentences whose memory is one pool's (attention.c's la
     const float **keys, **values; /* per layer */
     int64_t k_sentence, k_head, k_dim, v_sentence, v_head, bias_sentence;
     const float *bias;
-    float *probs; /* the alignment layer's weights, [rows, heads, src], or NULL */
     int64_t rows, each, src;
 };
 
@@ -85,6 +84,10 @@ struct step {
     const int64_t *sources;
     float *bias; /* [rows, width], written: 0 at each row's own steps, -inf before */
     struct group *group;
+    /* written: the alignment layer's weights averaged over heads, [rows, alignment_width], each
+     * group's left-padded with zeros to the widest group's src */
+    float *alignment;
+    int64_t alignment_width;
     float *x, *a, *b, *normed, *qkv, *context, *query, *inner; /* scratch, rows wide */
     int threads;
     int failed; /* written: 1 if the self-attention refused its sources, 2 if an int8 product
@@ -204,23 +207,29 @@ static int self_attention(struct step *s, const struct layer *L, const struct so
                 }
             }
     s->cross_attention(s->qkv, 3 * E, src->keys, H * D * W, D * W, W, src->values, H * W * D,
-                       W * D, src->bias, src->bias_sentence, 0, s->context, s->rows, W, H, D, W,
+                       W * D, src->bias, src->bias_sentence, 0, 0, s->context, s->rows, W, H, D, W,
                        threads_for(s, s->rows * H * W * D));
     return 0;
 }
 
 /* The cross-attention of s->query's rows over their groups' memory (layer l's), into
- * s->context; the alignment layer's weights into the groups' probs. */
+ * s->context; the alignment layer's weights averaged over heads into s->alignment. */
 static void cross_attention(const struct step *s, int64_t l)
 {
-    int64_t E = s->embed, H = s->heads, D = s->head_dim, first = 0;
+    int64_t E = s->embed, H = s->heads, D = s->head_dim, W = s->alignment_width, first = 0;
     for (int64_t g = 0; g < s->groups; g++) {
         const struct group *G = s->group + g;
-        float *probs = l == s->alignment_layer ? G->probs : 0;
+        float *mean = 0;
+        if (l == s->alignment_layer && s->alignment) {
+            mean = s->alignment + first * W + W - G->src;
+            for (int64_t r = 0; r < G->rows; r++)
+                for (int64_t j = 0; j < W - G->src; j++)
+                    s->alignment[(first + r) * W + j] = 0.0f;
+        }
         s->cross_attention(s->query + first * E, E, G->keys[l], G->k_sentence, G->k_head,
                            G->k_dim, G->values[l], G->v_sentence, G->v_head, G->bias,
-                           G->bias_sentence, probs, s->context + first * E, G->rows, G->each, H,
-                           D, G->src, threads_for(s, G->rows * H * G->src * D));
+                           G->bias_sentence, mean, W, s->context + first * E, G->rows, G->each,
+                           H, D, G->src, threads_for(s, G->rows * H * G->src * D));
         first += G->rows;
     }
 }
