@@ -117,19 +117,18 @@ class PooledTransformerEncoder(nn.Module):
         return self.encoder.max_positions()
 
     def forward_torchscript(self, net_input: dict[str, Tensor]) -> dict[str, Any]:
-        """fairseq's encoder output (``encoder_out`` ``[src, sentences, embed]``, padding mask,
-        embedding, source lengths) and the attention memory, the sources left-padded to a
-        multiple of the vector lanes (beamplugin.modules.memory_pool: each sentence then gets
-        the same bits alone or batched). Only the attention reads that padding: the products
-        and norms run on the sources' own width (zeros, masked, stand for the lanes' keys and
-        values)."""
+        """The attention memory of fairseq's encoder output (what the memory pool keeps: see
+        :meth:`_attention_memory`), the sources left-padded to a multiple of the vector lanes
+        (beamplugin.modules.memory_pool: each sentence then gets the same bits alone or
+        batched). Only the attention reads that padding: the products and norms run on the
+        sources' own width (zeros, masked, stand for the lanes' keys and values)."""
         weights = self.weights.current()
         tokens = net_input["src_tokens"]
         sentences, width = tokens.shape
         src = lane_width(width)
         encoder = self.encoder
         padding = tokens.eq(self.pad)
-        x, embedding = encoder.forward_embedding(tokens)
+        x, _ = encoder.forward_embedding(tokens)
         x = x * (1 - padding.unsqueeze(-1).type_as(x))
         padding = F.pad(padding, (src - width, 0), value=True)
         bias = x.new_zeros(sentences, 1, 1, src).masked_fill_(
@@ -144,17 +143,7 @@ class PooledTransformerEncoder(nn.Module):
                 x = _encoder_layer(layer, prepared, x, bias, sentences)
         if encoder.layer_norm is not None:
             x = _norm(encoder.layer_norm, x)
-        out = _left_padded(x.view(sentences, width, -1), src)
-        return {
-            "encoder_out": [out.transpose(0, 1)],
-            "encoder_padding_mask": [padding],
-            "encoder_embedding": [_left_padded(embedding, src)],
-            "encoder_states": [],
-            "fc_results": [],
-            "src_tokens": [],
-            "src_lengths": [padding.logical_not().sum(1, dtype=torch.int32).view(-1, 1)],
-            "attention_memory": self._attention_memory(weights, x, bias, sentences),
-        }
+        return {"attention_memory": self._attention_memory(weights, x, bias, sentences)}
 
     def _attention_memory(
         self, weights: TransformerWeights, x: Tensor, bias: Tensor, sentences: int
@@ -163,17 +152,15 @@ class PooledTransformerEncoder(nn.Module):
         head_dim]`` per decoder layer (fairseq's projections of the encoder output ``x``
         ``[sentences x width, embed]``, one product for all; zeros in the lanes before), and
         the padding ``bias`` ``[sentences, 1, 1, src]``: 0, -inf at padding."""
-        width, src = x.size(0) // sentences, bias.size(3)
-        projected = weights.memory(x).view(
-            sentences, width, self.layers, 2, self.heads, self.head_dim
-        )
+        width, src, layers = x.size(0) // sentences, bias.size(3), self.layers
+        projected = weights.memory(x).view(sentences, width, layers, 2, self.heads, self.head_dim)
+        keys = x.new_zeros(layers, sentences, self.heads, self.head_dim, src)
+        keys[..., src - width :] = projected[:, :, :, 0].permute(2, 0, 3, 4, 1)
+        values = x.new_zeros(layers, sentences, self.heads, src, self.head_dim)
+        values[:, :, :, src - width :] = projected[:, :, :, 1].permute(2, 0, 3, 1, 4)
         memory: Memory = {"bias": bias}
-        for layer in range(self.layers):
-            keys = x.new_zeros(sentences, self.heads, self.head_dim, src)
-            keys[..., src - width :] = projected[:, :, layer, 0].permute(0, 2, 3, 1)
-            values = x.new_zeros(sentences, self.heads, src, self.head_dim)
-            values[:, :, src - width :] = projected[:, :, layer, 1].permute(0, 2, 1, 3)
-            memory[f"keys{layer}"], memory[f"values{layer}"] = keys, values
+        for layer, (layer_keys, layer_values) in enumerate(zip(keys, values, strict=True)):
+            memory[f"keys{layer}"], memory[f"values{layer}"] = layer_keys, layer_values
         return memory
 
     def memory_pool(self) -> MemoryPool:

@@ -52,6 +52,7 @@ class SelfAttentionHistory:
         self.layers, self.heads, self.head_dim = layers, heads, head_dim
         self.least = least_width(head_dim)  # the fewest columns a step reads
         self.buffers = BufferPool()
+        self._own: dict[tuple[int, torch.device], Tensor] = {}  # _own_slots' tensors
 
     def advance(self, state: State, rows: int, steps: int, like: Tensor) -> Window:
         """This step's window for ``rows`` rows, the longest ``steps`` long: the last step's
@@ -64,12 +65,16 @@ class SelfAttentionHistory:
         if buffer is None or buffer.size(1) < rows or end >= buffer.size(3) or end + 1 < width:
             buffer, end, sources = self._move(state, rows, steps, width, like, sources, order)
             order = None
-        table = torch.zeros((rows, width), dtype=torch.int64, device=like.device)
-        if sources is not None:
+        own = self._own_slots(rows, like.device)
+        if sources is None:
+            table = own.expand(rows, width).contiguous()  # masked columns: any slot will do
+        else:
             kept = min(width - 1, sources.size(1))
-            old = sources[:, sources.size(1) - kept :]
-            table[:, width - 1 - kept : -1] = old if order is None else old.index_select(0, order)
-        table[:, -1] = torch.arange(rows, device=like.device)
+            old = sources if order is None else sources.index_select(0, order)
+            parts = [old[:, sources.size(1) - kept :], own]
+            if kept < width - 1:  # the window widened: masked columns before
+                parts.insert(0, own.expand(rows, width - 1 - kept))
+            table = torch.cat(parts, 1)
         state["buffer"], state["end"], state["sources"] = buffer, end + 1, table
         return Window(buffer[:, :, :, end - width + 1 : end + 1], table)
 
@@ -113,6 +118,13 @@ class SelfAttentionHistory:
         spare[:, :rows, :, start - kept : start] = moved.transpose(2, 3)
         own = torch.arange(rows, device=like.device).view(rows, 1).expand(rows, kept)
         return spare, start, own
+
+    def _own_slots(self, rows: int, device: torch.device) -> Tensor:
+        """``[rows, 1]``: each row's own slot, where this step writes its key and value."""
+        own = self._own.get((rows, device))
+        if own is None:
+            own = self._own[rows, device] = torch.arange(rows, device=device).view(rows, 1)
+        return own
 
     @staticmethod
     def reorder(state: State, new_order: Tensor) -> None:
