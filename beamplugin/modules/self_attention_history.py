@@ -53,6 +53,7 @@ class SelfAttentionHistory:
         self.least = least_width(head_dim)  # the fewest columns a step reads
         self.buffers = BufferPool()
         self._own: dict[tuple[int, torch.device], Tensor] = {}  # _own_slots' tensors
+        self.most_rows = 0  # the most rows a step has had
 
     def advance(self, state: State, rows: int, steps: int, like: Tensor) -> Window:
         """This step's window for ``rows`` rows, the longest ``steps`` long: the last step's
@@ -101,7 +102,10 @@ class SelfAttentionHistory:
         if spare is None or spare.size(1) < rows or spare.size(3) < columns:
             if spare is not None:
                 lease.give_back(spare)
-            shape = (2 * self.layers, rows, self.heads, columns, self.head_dim)
+            # as many slots as rows have been (a batch's first step has one row a sentence, the
+            # next beam: else a second move at once)
+            self.most_rows = max(self.most_rows, rows)
+            shape = (2 * self.layers, self.most_rows, self.heads, columns, self.head_dim)
             spare = lease.take(shape, like, grows=(1, 3))
         old = state.get("buffer")
         if old is not None:
