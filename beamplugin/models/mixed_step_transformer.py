@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
-from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width
+from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width, least_width
 from beamplugin.modules.self_attention_history import SelfAttentionHistory, Window
 
 Memory = dict[str, Tensor | None]
@@ -119,13 +119,14 @@ class PooledTransformerEncoder(nn.Module):
     def forward_torchscript(self, net_input: dict[str, Tensor]) -> dict[str, Any]:
         """The attention memory of fairseq's encoder output (what the memory pool keeps: see
         :meth:`_attention_memory`), the sources left-padded to a multiple of the vector lanes
-        (beamplugin.modules.memory_pool: each sentence then gets the same bits alone or
-        batched). Only the attention reads that padding: the products and norms run on the
+        and to the width the memory pool reads at least (beamplugin.modules.memory_pool: each
+        sentence then gets the same bits alone or batched; a new batch's memory becomes the
+        pool's as it is). Only the attention reads that padding: the products and norms run on the
         sources' own width (zeros, masked, stand for the lanes' keys and values)."""
         weights = self.weights.current()
         tokens = net_input["src_tokens"]
         sentences, width = tokens.shape
-        src = lane_width(width)
+        src = max(lane_width(width), least_width(self.head_dim))  # as wide as the pool reads
         encoder = self.encoder
         padding = tokens.eq(self.pad)
         x, _ = encoder.forward_embedding(tokens)
