@@ -5,11 +5,17 @@ against CTranslate2 float32, the share of best hypotheses equal to fairseq's, an
 Systems (beam 5, lenpen 1, max_len_b 200, one test-set order sorted by source length, batches of
 B consecutive sentences, as fairseq-generate makes them):
 
-* ``fairseq``: fairseq's SequenceGenerator;
-* ``ours`` / ``ours int8``: beamplugin's SequenceGenerator (the engine, the transformer mixing
-  steps), in float32 and with ``--int8``'s products;
+* ``fairseq``: fairseq's SequenceGenerator, ``generate`` per batch;
+* ``ours`` / ``ours int8``: beamplugin's engine as fairseq-generate runs it through task
+  ``beam_translation`` (and as fairseq-interactive and the server do): every sentence in one
+  stream, at most B in flight (``beamplugin.streams.translate``), no attention kept (none is
+  printed without ``--print-alignment``; CTranslate2 returns none either), in float32 and with
+  ``--int8``'s products;
+* ``ours generate``: beamplugin's SequenceGenerator, ``generate`` per batch as fairseq's (float32;
+  at batch 1 each call's own setup shows);
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
-  ``translate_batch`` with ``max_batch_size`` B, intra_threads = the thread count.
+  every sentence in one ``translate_batch`` with ``max_batch_size`` B, intra_threads = the
+  thread count.
 
 Every timing runs in a process of its own that loads only its system (CTranslate2's without
 torch), decodes once to warm up, then once timed: in one process the idle threads of one
@@ -36,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 BEAM, MAX_LEN_B = 5, 200
-SYSTEMS = ["fairseq", "ours", "ours int8", "ct2 float32", "ct2 int8"]
+SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ct2 float32", "ct2 int8"]
 
 
 def checkpoint_parser(description: str) -> argparse.ArgumentParser:
@@ -117,6 +123,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
     from beamplugin import SequenceGenerator
     from beamplugin.fairseq_plugin.precision import cast_for_decoding
+    from beamplugin.streams.translate import translate
 
     torch.set_num_threads(job["threads"])
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
@@ -125,11 +132,18 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
     model = models[0].eval()
     if args.worker == "ours int8":
         cast_for_decoding([model], "int8")
-    options = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
+    options: dict[str, Any] = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
+    streams = args.worker in ("ours", "ours int8")
+    if streams:  # as task beam_translation builds it without --print-alignment
+        options["attention"] = False
     kind = FairseqGenerator if args.worker == "fairseq" else SequenceGenerator
     generator = kind([model], task.target_dictionary, **options)
     pad, batch = task.source_dictionary.pad(), job["batch"]
     sources = [torch.tensor(s) for s in job["sources"]]
+
+    def streamed() -> list[list[int]]:
+        results = translate(generator, sources, max_sentences=batch, ordered=True)
+        return [hypotheses[0]["tokens"].tolist() for _, hypotheses in results]
 
     def decode() -> list[list[int]]:
         best = []
@@ -146,7 +160,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
             best.extend(hypos[0]["tokens"].tolist() for hypos in out)
         return best
 
-    return decode
+    return streamed if streams else decode
 
 
 # ---- the run: workers in turns, the table ------------------------------------------------------
@@ -174,7 +188,7 @@ def main() -> None:
     sources = [item["source"].tolist() for item in items]
     references = [dictionary.string(item["target"], "sentencepiece") for item in items]
     workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
-    systems = SYSTEMS[:3]
+    systems = SYSTEMS[:4]
     ct2: dict[str, str] = {}
     try:
         import ctranslate2  # noqa: F401

@@ -353,6 +353,20 @@ def test_alignment_equals_fairseq(vocab, models, arch):
                 )
 
 
+@pytest.mark.parametrize("arch", ["convs2s", "transformer"])
+def test_without_attention_the_hypotheses_are_the_same_and_keep_none(vocab, models, arch):
+    model = models[arch][0]
+    sample = make_batch(vocab, 6, seed=15)
+    kept = SequenceGenerator([model], vocab, beam_size=3, max_len_b=20).generate([model], sample)
+    gen = SequenceGenerator([model], vocab, beam_size=3, max_len_b=20, attention=False)
+    out = gen.generate([model], sample)
+    assert_same(kept, out, check_attention=False)
+    for hypos, kept_hypos in zip(out, kept, strict=True):
+        for hypo, kept_hypo in zip(hypos, kept_hypos, strict=True):
+            assert torch.equal(hypo["positional_scores"], kept_hypo["positional_scores"])
+            assert hypo["attention"].numel() == 0 < kept_hypo["attention"].numel()
+
+
 def test_never_returns_an_empty_list(vocab, models):
     # Every word and unk is forbidden and EOS is masked until max length: all live hypotheses
     # die (-inf) and no EOS candidate is ever finite (fairseq's generator trips an assertion).
@@ -397,6 +411,7 @@ def test_nbest_truncates(vocab, models):
         (dict(stopping="greedy"), "stopping"),
         (dict(length_penalty_style="wu"), "length_penalty_style"),
         (dict(print_alignment="fuzzy"), "print_alignment"),
+        (dict(print_alignment="hard", attention=False), "print_alignment"),
         (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size"),
     ],
 )

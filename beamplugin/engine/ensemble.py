@@ -191,10 +191,15 @@ class EnsembleDecoder(nn.Module):
                     state = result
 
     def decode_step(
-        self, tokens: Tensor, encoder_outs: list[Any], states: list[dict], temperature: float
+        self,
+        tokens: Tensor,
+        encoder_outs: list[Any],
+        states: list[dict],
+        temperature: float,
+        attention: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[rows, vocab]`` (float32) of the next token and attention
-        ``[rows, src]`` (or None)."""
+        ``[rows, src]`` (None without ``attention``, or where the models give none)."""
         lprobs, attns = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, states, strict=True):
             if self.incremental:
@@ -203,7 +208,7 @@ class EnsembleDecoder(nn.Module):
                 out = model.decoder(tokens, encoder_out=encoder_out)
             extra = out[1] if len(out) > 1 else None
             lprobs.append(search_log_probs(model, out[0], extra, temperature))
-            attn = _last_step_attention(extra)
+            attn = _last_step_attention(extra) if attention else None
             if attn is not None:
                 attns.append(attn.float())
         if len(lprobs) == 1:

@@ -119,8 +119,9 @@ class ModelRunner:
     def forward(self, slots: Slots) -> tuple[Tensor, Tensor | None]:
         """One decoder forward for every row: log-probs ``[rows, vocab]`` and attention
         ``[rows, src]`` (or None)."""
+        options = self.options
         lprobs, attn = self.model.decode_step(
-            self.tokens, slots.memory_views(), self.states, self.options.temperature
+            self.tokens, slots.memory_views(), self.states, options.temperature, options.attention
         )
         if self.cumulative is None:  # the first step of a new batch
             self.scores = lprobs.new_zeros(len(slots.live) - slots.one_row, 1)

@@ -198,6 +198,9 @@ class BeamTranslationTask(TranslationTask):
             length_penalty_style=str(self.cfg.lenpen_style),
             print_alignment=getattr(args, "print_alignment", None),
             nbest=getattr(args, "nbest", None),
+            # fairseq-generate and -interactive read a hypothesis' attention only to print
+            # its alignment
+            attention=bool(getattr(args, "print_alignment", None)),
         )
         return super().build_generator(
             models, args, seq_gen_cls=SequenceGenerator, extra_gen_cls_kwargs=kwargs

@@ -61,9 +61,11 @@ class SequenceGenerator(nn.Module):
 
     Arguments are fairseq's (see ``fairseq.sequence_generator.SequenceGenerator``) plus
     ``stopping``, ``length_penalty_style``, ``print_alignment`` (``"hard"`` or ``"soft"``: like
-    fairseq's ``SequenceGeneratorWithAlignment``) and ``nbest`` (hypotheses returned per
-    sentence, default ``beam_size``): see :class:`~beamplugin.search.options.DecodingOptions`,
-    which they become (``self.options``), validated once.
+    fairseq's ``SequenceGeneratorWithAlignment``), ``nbest`` (hypotheses returned per sentence,
+    default ``beam_size``) and ``attention`` (False: hypotheses without their attention, as
+    fairseq-generate needs them without ``--print-alignment``): see
+    :class:`~beamplugin.search.options.DecodingOptions`, which they become (``self.options``),
+    validated once.
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class SequenceGenerator(nn.Module):
         length_penalty_style: str = "fairseq",
         print_alignment: str | None = None,
         nbest: int | None = None,
+        attention: bool = True,
     ) -> None:
         super().__init__()
         if nbest is not None and not 1 <= nbest <= beam_size:
@@ -124,6 +127,7 @@ class SequenceGenerator(nn.Module):
             length_constraints=_length_constraints(search_strategy),
             stopping=stopping,
             print_alignment=print_alignment or None,
+            attention=attention,
         )
         # fairseq's generator attributes, read by fairseq-generate and -interactive
         self.beam_size = self.options.beam_size

@@ -24,6 +24,9 @@ class DecodingOptions:
     worst of them. ``length_penalty_style``: ``"fairseq"`` divides scores by
     ``len ** len_penalty``, ``"gnmt"`` by ``((5 + len) / 6) ** len_penalty`` (``len`` counts
     EOS). ``print_alignment``: ``"hard"`` or ``"soft"`` fills each hypothesis' alignment.
+    ``attention``: each hypothesis keeps its attention over the source, as from fairseq's
+    generator (fairseq-generate and -interactive read it only to print alignments); without it
+    a search keeps no attention history.
     """
 
     eos: int
@@ -46,6 +49,7 @@ class DecodingOptions:
     length_constraints: LengthConstraints | None = None
     stopping: str = "fairseq"
     print_alignment: str | None = None
+    attention: bool = True
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -71,6 +75,8 @@ class DecodingOptions:
             raise ValueError(
                 f"print_alignment must be 'hard', 'soft' or None, got {self.print_alignment!r}"
             )
+        if self.print_alignment and not self.attention:
+            raise ValueError("print_alignment needs the attention (attention=True)")
         longest = min(self.max_len_b, self.max_len - 1)
         if self.max_len_a == 0 and self.min_len > longest:
             raise ValueError(
