@@ -107,12 +107,11 @@ class Finalizer:
         options, live = self.options, slots.live
         lengths = [live[s].step + 1 for s in sents]  # tokens, EOS included
         tokens, cumulative = runner.history(rows)
-        eos = torch.full_like(rows, options.eos).unsqueeze(1)
-        tokens = torch.cat([tokens, eos], 1)
-        cumulative = torch.cat([cumulative, eos_cumulative[:, None]], 1)
+        tokens = F.pad(tokens, (0, 1), value=options.eos)
+        cumulative = torch.cat([cumulative, eos_cumulative.unsqueeze(1)], 1)
         # A row's own columns are its last `length`; the one before them is the score 0 its
-        # sentence joined with (or F.pad's 0), so differences are its positional scores.
-        positional = cumulative - F.pad(cumulative[:, :-1], (1, 0))
+        # sentence joined with (or the 0 prepended), so differences are its positional scores.
+        positional = cumulative.diff(dim=1, prepend=cumulative.new_zeros(len(sents), 1))
         scores = eos_cumulative
         if options.normalize_scores:
             divisors = [
