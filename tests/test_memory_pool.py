@@ -87,11 +87,15 @@ def test_slots_are_written_moved_widened_and_narrowed(one_lane):
 
 def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width(one_lane):
     """Sentences encoded together ahead of admission join one by one: each write takes its
-    rows, cut to their own width, and never changes the encoder output the others wait in."""
+    rows, cut to their own width (a new batch's as a view, not a copy), and never changes the
+    rows of the encoder output the others wait in."""
     encoded = memory([[0, 0, 1], [0, 2, 3], [4, 5, 6]], padded=[2, 1, 0])
-    before = {k: v.clone() for k, v in encoded["attention_memory"].items()}
+    waiting = slice(2, 3)
+    before = {k: v[waiting].clone() for k, v in encoded["attention_memory"].items()}
     pool = attention_memory_pool(NAIVE_PRODUCTS)
     pool.write(0, encoded, slice(0, 2), 2)
+    storage = {k: t.untyped_storage().data_ptr() for k, t in encoded["attention_memory"].items()}
+    assert {k: t.untyped_storage().data_ptr() for k, t in pool.memory.items()} == storage
     assert pool.width == 2
     assert slots(pool, 2) == [([0, 1], [True, False], 1.0), ([2, 3], [False, False], 2.0)]
     pool.rearrange([1])
@@ -99,7 +103,7 @@ def test_rows_of_a_wider_encoder_output_are_written_at_their_own_width(one_lane)
     assert slots(pool, 2) == [([0, 2, 3], [True, False, False], 2.0),
                               ([4, 5, 6], [False, False, False], 3.0)]
     for name, tensor in encoded["attention_memory"].items():
-        assert torch.equal(tensor, before[name]), name
+        assert torch.equal(tensor[waiting], before[name]), name
 
 
 def test_the_decoder_reads_groups_of_slots_each_cut_to_its_widest_source(one_lane):

@@ -99,10 +99,9 @@ class MemoryPool:
         self.widths = self.widths[:first_slot] + [width] * count
         width = self._read_width(self.widths)
         if first_slot == 0 and new_width(new, self.layout) == width:
-            # its memory becomes the pool
-            if any(t is not None and t.shape != source[name].shape for name, t in new.items()):
-                # part of an encoder output that other sentences still wait to use: a copy
-                new = {k: None if t is None else t.clone() for k, t in new.items()}
+            # its memory becomes the pool, a view of these rows of the encoder output: the pool
+            # changes them in place only for the sentences they belong to (sentences still
+            # waiting read other rows)
             self.memory = new
             return
         capacity = self._reference()[1].size(0) if self.memory else count
