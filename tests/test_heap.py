@@ -22,7 +22,7 @@ def page_faults(**env: str) -> list[int]:
         env={**os.environ, "PYTHONPATH": str(TESTS), **env},
         capture_output=True, text=True, check=True, timeout=120,
     )
-    return [int(n) for n in out.stdout.split()[-3:]]
+    return [int(n) for n in out.stdout.split()[-5:]]
 
 
 @pytest.mark.skipif(not keep_freed_memory(), reason="glibc only")
