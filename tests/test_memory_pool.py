@@ -12,6 +12,7 @@ import torch
 
 from beamplugin.modules import MemoryPool, attention_memory_pool
 from beamplugin.modules import memory_pool as memory_pool_module
+from beamplugin.modules.attention import ATTENTION_MEMORY_LAYOUT
 from beamplugin.modules.memory_pool import NAIVE_PRODUCTS
 
 
@@ -157,3 +158,18 @@ def test_a_pool_of_narrow_keys_reads_at_least_the_width_of_a_blas_product(monkey
     assert pool.width == 60
     pool.rearrange([0])
     assert pool.width == 60  # narrowing to 52 would not halve it
+
+
+def test_a_padded_encoder_outputs_new_batch_is_a_view_read_as_wide_as_the_pool_reads(one_lane):
+    """An encoder output that holds the layout's padding at every position before a sentence's
+    own (``padded``, as the transformer's) gives a new batch its memory as a view, read wider
+    than the sentence's own width: the slots a pool that copies and pads shows."""
+    encoded = memory([[0, 0, 1], [0, 2, 3]], padded=[2, 1])
+    viewed = MemoryPool(ATTENTION_MEMORY_LAYOUT, 134, padded=True)  # reads 3 positions at least
+    copied = MemoryPool(ATTENTION_MEMORY_LAYOUT, 134)
+    for pool in (viewed, copied):
+        pool.write(0, encoded, slice(1, 2), 2)
+    assert slots(viewed, 1) == slots(copied, 1) == [([0, 2, 3], [True, False, False], 2.0)]
+    source = encoded["attention_memory"]["values"].untyped_storage().data_ptr()
+    assert viewed.memory["values"].untyped_storage().data_ptr() == source
+    assert copied.memory["values"].untyped_storage().data_ptr() != source

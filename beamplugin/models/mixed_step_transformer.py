@@ -151,21 +151,26 @@ class PooledTransformerEncoder(nn.Module):
     ) -> Memory:
         """keys ``[sentences, heads, head_dim, src]``, values ``[sentences, heads, src,
         head_dim]`` per decoder layer (fairseq's projections of the encoder output ``x``
-        ``[sentences x width, embed]``, one product for all; zeros in the lanes before), and
-        the padding ``bias`` ``[sentences, 1, 1, src]``: 0, -inf at padding."""
+        ``[sentences x width, embed]``, one product for all; zeros at every padding position,
+        the lanes' and a sentence's own, as the memory pool pads: it reads a sentence's rows
+        wider than its own width), and the padding ``bias`` ``[sentences, 1, 1, src]``: 0,
+        -inf at padding."""
         width, src, layers = x.size(0) // sentences, bias.size(3), self.layers
         projected = weights.memory(x).view(sentences, width, layers, 2, self.heads, self.head_dim)
         keys = x.new_zeros(layers, sentences, self.heads, self.head_dim, src)
         keys[..., src - width :] = projected[:, :, :, 0].permute(2, 0, 3, 4, 1)
         values = x.new_zeros(layers, sentences, self.heads, src, self.head_dim)
         values[:, :, :, src - width :] = projected[:, :, :, 1].permute(2, 0, 3, 1, 4)
+        padding = bias.view(1, sentences, 1, src).isinf()
+        keys.masked_fill_(padding.unsqueeze(3), 0.0)
+        values.masked_fill_(padding.unsqueeze(4), 0.0)
         memory: Memory = {"bias": bias}
         for layer, (layer_keys, layer_values) in enumerate(zip(keys, values, strict=True)):
             memory[f"keys{layer}"], memory[f"values{layer}"] = layer_keys, layer_values
         return memory
 
     def memory_pool(self) -> MemoryPool:
-        return MemoryPool(self.layout, self.head_dim)
+        return MemoryPool(self.layout, self.head_dim, padded=True)
 
 
 class MixedStepTransformerDecoder(nn.Module):

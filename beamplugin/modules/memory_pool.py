@@ -61,11 +61,14 @@ Layout = dict[str, Pooled]
 
 
 class MemoryPool:
-    """The pool of a memory whose attention reads ``inner``-wide keys."""
+    """The pool of a memory whose attention reads ``inner``-wide keys. ``padded``: the encoder
+    output holds the layout's padding at every position before a sentence's own, so a sentence's
+    rows can be read wider than its own width (a new batch's memory is then a view of them)."""
 
-    def __init__(self, layout: Layout, inner: int) -> None:
+    def __init__(self, layout: Layout, inner: int, padded: bool = False) -> None:
         self.layout = layout
         self.least = least_width(inner)
+        self.padded = padded
         self.memory: Memory = {}
         self.widths: list[int] = []  # per live slot: its source width (own padding included)
         # views made since the slots last changed, by groups: most steps at a small capacity
@@ -92,12 +95,15 @@ class MemoryPool:
         last ones: sources are left-padded) at slots ``first_slot`` on."""
         self._views.clear()
         source = encoder_out["attention_memory"]
-        new = narrowed(source, self.layout, rows, width)
-        count = next(t for t in new.values() if t is not None).size(0)
+        count = rows.stop - rows.start
         if first_slot == 0:  # a new batch
             self.memory, self.widths = {}, []
         self.widths = self.widths[:first_slot] + [width] * count
-        width = self._read_width(self.widths)
+        read = self._read_width(self.widths)
+        if first_slot == 0 and self.padded:  # as wide as the pool reads, where the source is
+            width = min(read, new_width(source, self.layout))
+        new = narrowed(source, self.layout, rows, width)
+        width = read
         if first_slot == 0 and new_width(new, self.layout) == width:
             # its memory becomes the pool, a view of these rows of the encoder output: the pool
             # changes them in place only for the sentences they belong to (sentences still
