@@ -76,6 +76,14 @@ static inline __attribute__((always_inline)) void rows_of_panel(
             acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], a, w1);
         }
     }
+    /* The sums to memory first: indexed by the runtime channel half below, the accumulators
+     * themselves would be kept addressable, one spilled to the stack in the loop above (2.5x
+     * slower at 320 rows than oneDNN's int8 products; docs/speed.md). */
+    int32_t summed[MR][2][16];
+    for (int i = 0; i < rows; i++) {
+        _mm512_storeu_si512(summed[i][0], acc[i][0]);
+        _mm512_storeu_si512(summed[i][1], acc[i][1]);
+    }
     /* scaled back as int8_linear does, 16 channels at a time (masked past the weight's end) */
     __mmask16 masks[2] = {
         (__mmask16)(width >= 16 ? 0xFFFF : (1u << width) - 1),
@@ -90,7 +98,7 @@ static inline __attribute__((always_inline)) void rows_of_panel(
         __m512 scales = _mm512_maskz_loadu_ps(mask, channel_scales + 16 * c);
         __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
         for (int i = 0; i < rows; i++) {
-            __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][c], shift));
+            __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(summed[i][c]), shift));
             v = _mm512_mul_ps(v, scales);
             v = _mm512_mul_ps(v, _mm512_set1_ps(row_scales[i]));
             if (bias)
