@@ -180,3 +180,17 @@ def test_a_layer_norm_after_the_residual_is_torchs_up_to_rounding_and_keeps_a_ro
             assert torch.equal(alone, normed[:rows])
     finally:
         torch.set_num_threads(threads)
+
+
+@needs_compiler
+def test_the_layer_norm_is_a_products_post_norm_bit_for_bit():
+    torch.manual_seed(5)
+    x, weight, bias = torch.randn(7, 40) * 3, torch.randn(40), torch.randn(40)
+    normed = float_products.layer_norm(x, weight, bias, 1e-5)
+    identity = float_products.pack(torch.eye(40))  # x exactly, then the product's post-norm
+    fused = float_products.product(x, identity, None, norm=(weight, bias, 1e-5))
+    assert torch.equal(normed, fused)
+    expected = F.layer_norm(x, (40,), weight, bias, 1e-5)
+    torch.testing.assert_close(normed, expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="40"):
+        float_products.layer_norm(x, weight[:39], bias, 1e-5)

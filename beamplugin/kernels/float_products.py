@@ -120,3 +120,27 @@ def product(
         ]
     kernel(*arguments, threads_for(rows * out * inner))
     return y
+
+
+@functools.cache
+def _norm_kernel() -> Callable[..., Any] | None:
+    """products.c's ``layer_norm_rows`` (None where it cannot be built)."""
+    signature = [POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, POINTER, POINTER, FLOAT, INT]
+    return native_library.function("products", "layer_norm_rows", signature)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor | None:
+    """Each row of ``x`` ``[rows, n]`` (float32, CPU) layer-normed as the product kernels'
+    post-norm (the same bits), or None where the kernel is not here."""
+    kernel = _norm_kernel()
+    if kernel is None or x.dtype != torch.float32 or not x.is_cpu:
+        return None
+    x = x.contiguous()
+    weight, bias = weight.detach().contiguous(), bias.detach().contiguous()
+    rows, n = x.shape
+    if weight.shape != (n,) or bias.shape != (n,):
+        raise ValueError(f"the norm's weight and bias must be [{n}]")
+    y = torch.empty_like(x)
+    kernel(x.data_ptr(), n, y.data_ptr(), n, rows, n, weight.data_ptr(), bias.data_ptr(), eps,
+           threads_for(rows * n * 64))  # fmt: skip
+    return y

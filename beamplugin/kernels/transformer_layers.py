@@ -180,8 +180,8 @@ def _layer_table(layers: list[Layer], int8_kernel: int | None) -> ctypes.Array:
 
 
 class EncoderLayers:
-    """An encoder's ``layers`` (float32 products, contiguous tensors; no cross-attention)
-    ready to run sentences through them in one call."""
+    """An encoder's ``layers`` (float32 or int8 products, contiguous tensors; no
+    cross-attention) ready to run sentences through them in one call."""
 
     def __init__(self, layers: list[Layer], heads: int) -> None:
         kernels = native_library.function(
@@ -193,7 +193,7 @@ class EncoderLayers:
         first = layers[0]
         self.embed, self.hidden = first.qkv.panels.in_features, first.fc1.panels.out_features
         self.heads, self.head_dim = heads, self.embed // heads
-        self.table = _layer_table(layers, None)
+        self.table = _layer_table(layers, self.addresses[1])
 
     def __call__(self, x: Tensor, sentences: int, bias: Tensor) -> Tensor:
         """The layers' output ``[sentences x width, embed]`` for ``x`` (the same shape, float32,

@@ -264,8 +264,12 @@ class PreparedLinear(NamedTuple):
         ``norm`` (a post-norm layer's), in that call too on our float32 kernel."""
         if self._on_packed(x):
             return packed_product(x, self.packed, self.bias, residual=other, norm=norm)
-        if self.int8 is not None:
-            return _normed(int8_linear(x, self.int8, residual=other), norm)
+        if self.int8 is not None:  # the norm as the one-call step's (beamplugin.kernels)
+            summed = int8_linear(x, self.int8, residual=other)
+            if norm is None or norm.weight is None or norm.bias is None:
+                return _normed(summed, norm)
+            normed = float_products.layer_norm(summed, norm.weight, norm.bias, norm.eps)
+            return _normed(summed, norm) if normed is None else normed
         return _normed(self._unfused(x).add_(other), norm)
 
     def _on_packed(self, x: Tensor) -> bool:
