@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 
 import pytest
 import torch
@@ -115,3 +116,29 @@ def test_bad_inputs_are_refused(vocab):
         encoder(x.double(), 2, source_bias)
     with pytest.raises(ValueError, match="bias"):
         encoder(x, 2, torch.zeros(2, 1, 1, 4))
+
+
+def test_generators_in_several_threads_take_turns_on_one_model(vocab, sentences):
+    """Each engine's steps fill in the one-call step's tables of the model they share: threads
+    take turns there (the C call releases the GIL), so every sentence still gets its own bits."""
+    model = build_transformer(vocab, 1)
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20)
+    expected = [alone(gen, s) for s in sentences]
+    assert gen.model.models[0].decoder.weights.decoder_in_kernel is not None
+    results: dict[int, list] = {}
+
+    def decode(first: int) -> None:
+        for _ in range(3):
+            for i in range(first, len(sentences), 2):
+                results[i] = alone(gen, sentences[i])
+                assert_same([expected[i]], [results[i]])
+
+    threads = [threading.Thread(target=decode, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i, hypotheses in results.items():
+        for ours, theirs in zip(hypotheses, expected[i], strict=True):
+            assert torch.equal(ours["positional_scores"], theirs["positional_scores"])
+    assert sorted(results) == list(range(len(sentences)))

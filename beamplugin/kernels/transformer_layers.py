@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from typing import Any, NamedTuple
 
 import torch
@@ -227,7 +228,8 @@ class EncoderLayers:
 
 class DecoderStep:
     """``layers`` and their ``ends`` (float32 or int8 products, contiguous tensors) ready to run
-    a step's rows through them, one step at a time (a step fills in its tables)."""
+    a step's rows through them, one step at a time: a step fills in its tables, so generators
+    decoding in several threads take turns (the C call releases the GIL)."""
 
     def __init__(self, layers: list[Layer], ends: Ends, heads: int) -> None:
         self.kernels = _kernels()
@@ -243,6 +245,7 @@ class DecoderStep:
                for t in tables):  # fmt: skip
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = _layer_table(layers, int8_kernel)
+        self._turn = threading.Lock()
         addresses = self.kernels[1]
         # what every step shares; a step fills in the rest
         self.step = _Step(
@@ -274,14 +277,33 @@ class DecoderStep:
         ``sources[r, j]``; its last column written here, in slot ``r``) and the ``groups``'
         memories; and the alignment layer's cross-attention weights averaged over heads ``[rows,
         src]``, each group's left-padded with zeros to the widest."""
-        rows, steps = tokens.shape
-        slots, width = windows.size(1), sources.size(1)
+        rows, width = tokens.size(0), sources.size(1)
         self._check(tokens, windows, sources)
         if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
         embed, vocab, widest = self.embed, self.vocab, groups.widest
         sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
         x = windows.new_empty(rows * (sum(sizes) + widest + vocab))
+        with self._turn:
+            self._run(x, sizes, tokens, windows, sources, groups, alignment_layer)
+        logits = x[x.numel() - rows * vocab :].view(rows, vocab)
+        attn = x[x.numel() - rows * (vocab + widest) : x.numel() - rows * vocab]
+        return logits, attn.view(rows, widest)
+
+    def _run(
+        self,
+        x: Tensor,
+        sizes: list[int],
+        tokens: Tensor,
+        windows: Tensor,
+        sources: Tensor,
+        groups: Groups,
+        alignment_layer: int,
+    ) -> None:
+        """Fill in the step's struct and tables (scratch ``x``, parts of ``sizes`` rows each)
+        and run it."""
+        (rows, steps), slots, width = tokens.shape, windows.size(1), sources.size(1)
+        widest = groups.widest
         step, at = self.step, x.data_ptr()
         for name, size in zip(_SCRATCH, sizes, strict=True):  # float32: 4 bytes each
             setattr(step, name, at)
@@ -299,9 +321,6 @@ class DecoderStep:
         step.failed = 0
         if self.kernels[0](ctypes.byref(step), self.table) is None:
             raise _failure(step.failed, rows, slots)
-        logits = x[x.numel() - rows * vocab :].view(rows, vocab)
-        attn = x[x.numel() - rows * (vocab + widest) : x.numel() - rows * vocab]
-        return logits, attn.view(rows, widest)
 
     def _check(self, tokens: Tensor, windows: Tensor, sources: Tensor) -> None:
         """A ValueError where the step's inputs are not what the C code reads."""

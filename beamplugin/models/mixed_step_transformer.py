@@ -243,7 +243,8 @@ class MixedStepTransformerDecoder(nn.Module):
         """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
         ``[rows, vocab]`` and the alignment layer's cross-attention averaged over heads."""
         views = encoder_out["attention_groups"]  # the same list while no sentence comes or goes
-        if self._kernel_groups is None or self._kernel_groups[0] is not views:
+        cached = self._kernel_groups  # (read once: another thread's engine may replace it)
+        if cached is None or cached[0] is not views:
             keys, values = self.memory_names
             groups = [
                 transformer_layers.Group(
@@ -252,11 +253,10 @@ class MixedStepTransformerDecoder(nn.Module):
                 )  # fmt: skip
                 for memory, group_rows in views
             ]
-            self._kernel_groups = views, in_kernel.groups(groups)
+            cached = self._kernel_groups = views, in_kernel.groups(groups)
         logits, attn = in_kernel(
-            tokens, history.keys_values, history.sources, self._kernel_groups[1],
-            self.alignment_layer,
-        )  # fmt: skip
+            tokens, history.keys_values, history.sources, cached[1], self.alignment_layer
+        )
         return logits, attn.unsqueeze(1)
 
     def _layers(
