@@ -111,7 +111,8 @@ static inline __attribute__((always_inline)) void rows_of_panel(
         __m512 scales = _mm512_maskz_loadu_ps(mask, channel_scales + 16 * c);
         __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
         for (int i = 0; i < rows; i++) {
-            __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_loadu_si512(summed[i][c]), shift));
+            __m512i sums_of_row = _mm512_loadu_si512(summed[i][c]);
+            __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums_of_row, shift));
             v = _mm512_mul_ps(v, scales);
             v = _mm512_mul_ps(v, _mm512_set1_ps(row_scales[i]));
             if (bias)
