@@ -26,6 +26,7 @@ from beamplugin.runtime.buffer_pool import BufferPool
 State = dict[str, Any]  # a decoder's incremental state: the keys below are this module's
 
 MOVE_EVERY = 32  # steps between two moves of the live columns: wider buffers, fewer moves
+ROOM_PER_ROW = 8  # slots a new buffer may hold per row (a first step's rows grow by the beam)
 
 
 class Window(NamedTuple):
@@ -102,10 +103,11 @@ class SelfAttentionHistory:
         if spare is None or spare.size(1) < rows or spare.size(3) < columns:
             if spare is not None:
                 lease.give_back(spare)
-            # as many slots as rows have been (a batch's first step has one row a sentence, the
-            # next beam: else a second move at once)
+            # a batch's first step has one row a sentence, the next beam rows: as many slots as
+            # rows have been, up to ROOM_PER_ROW a row (not a large batch's for a small one)
             self.most_rows = max(self.most_rows, rows)
-            shape = (2 * self.layers, self.most_rows, self.heads, columns, self.head_dim)
+            slots = max(rows, min(self.most_rows, ROOM_PER_ROW * rows))
+            shape = (2 * self.layers, slots, self.heads, columns, self.head_dim)
             spare = lease.take(shape, like, grows=(1, 3))
         old = state.get("buffer")
         if old is not None:
