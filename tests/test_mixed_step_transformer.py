@@ -183,3 +183,25 @@ def test_a_stream_gives_each_sentence_the_very_bits_it_gets_alone(vocab, sentenc
                 assert torch.equal(o["positional_scores"], t["positional_scores"])
                 width = t["attention"].size(0)
                 assert torch.equal(o["attention"][-width:], t["attention"])
+
+
+def test_the_normalization_is_fairseqs_and_a_model_of_its_own_keeps_its_method(vocab):
+    model = build_transformer(vocab, 1)
+    view = MixedStepTransformer(model)
+    assert view.plain_softmax
+    logits = torch.randn(3, 1, len(vocab)) * 4
+    for log_probs in (True, False):
+        assert torch.equal(
+            view.get_normalized_probs((logits, None), log_probs),
+            model.get_normalized_probs((logits, None), log_probs),
+        )
+
+    class Tempered(type(model)):  # a model with a normalization of its own
+        def get_normalized_probs(self, net_output, log_probs, sample=None):
+            return super().get_normalized_probs((net_output[0] / 2, None), log_probs, sample)
+
+    model.__class__ = Tempered
+    tempered = MixedStepTransformer(model)
+    assert not tempered.plain_softmax
+    expected = F.log_softmax(logits / 2, dim=-1)
+    assert torch.equal(tempered.get_normalized_probs((logits, None), True), expected)
