@@ -281,34 +281,37 @@ class DecoderStep:
         self._check(tokens, windows, sources)
         if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        embed, vocab, widest = self.embed, self.vocab, groups.widest
+        embed = self.embed
         sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
-        x = windows.new_empty(rows * (sum(sizes) + widest + vocab))
+        x = windows.new_empty(rows * sum(sizes))
+        logits = windows.new_empty((rows, self.vocab))
+        attn = windows.new_empty((rows, groups.widest))
         with self._turn:
-            self._run(x, sizes, tokens, windows, sources, groups, alignment_layer)
-        logits = x[x.numel() - rows * vocab :].view(rows, vocab)
-        attn = x[x.numel() - rows * (vocab + widest) : x.numel() - rows * vocab]
-        return logits, attn.view(rows, widest)
+            self._run(x, sizes, logits, attn, tokens, windows, sources, groups, alignment_layer)
+        return logits, attn
 
     def _run(
         self,
         x: Tensor,
         sizes: list[int],
+        logits: Tensor,
+        attn: Tensor,
         tokens: Tensor,
         windows: Tensor,
         sources: Tensor,
         groups: Groups,
         alignment_layer: int,
     ) -> None:
-        """Fill in the step's struct and tables (scratch ``x``, parts of ``sizes`` rows each)
-        and run it."""
+        """Fill in the step's struct and tables (scratch ``x``, parts of ``sizes`` rows each;
+        the outputs ``logits`` and ``attn``) and run it."""
         (rows, steps), slots, width = tokens.shape, windows.size(1), sources.size(1)
-        widest = groups.widest
         step, at = self.step, x.data_ptr()
         for name, size in zip(_SCRATCH, sizes, strict=True):  # float32: 4 bytes each
             setattr(step, name, at)
             at += 4 * rows * size
-        step.alignment, step.alignment_width, step.logits = at, widest, at + 4 * rows * widest
+        step.logits, step.alignment, step.alignment_width = (
+            logits.data_ptr(), attn.data_ptr(), attn.size(1)
+        )
         history, layer_bytes = windows.data_ptr(), 4 * windows.stride(0)
         for index, entry in enumerate(self.table):
             entry.keys = history + 2 * index * layer_bytes

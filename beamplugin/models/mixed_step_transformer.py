@@ -179,11 +179,11 @@ class PooledTransformerEncoder(nn.Module):
         -inf at padding."""
         width, src, layers = x.size(0) // sentences, bias.size(3), self.layers
         projected = weights.memory(x).view(sentences, width, layers, 2, self.heads, self.head_dim)
-        keys = x.new_zeros(layers, sentences, self.heads, self.head_dim, src)
+        keys = x.new_empty(layers, sentences, self.heads, self.head_dim, src)
         keys[..., src - width :] = projected[:, :, :, 0].permute(2, 0, 3, 4, 1)
-        values = x.new_zeros(layers, sentences, self.heads, src, self.head_dim)
+        values = x.new_empty(layers, sentences, self.heads, src, self.head_dim)
         values[:, :, :, src - width :] = projected[:, :, :, 1].permute(2, 0, 3, 1, 4)
-        padding = bias.view(1, sentences, 1, src).isinf()
+        padding = bias.view(1, sentences, 1, src).isinf()  # the lanes before too: all zeroed
         keys.masked_fill_(padding.unsqueeze(3), 0.0)
         values.masked_fill_(padding.unsqueeze(4), 0.0)
         memory: Memory = {"bias": bias}
@@ -528,13 +528,8 @@ def _cross_attention(
     out = prepared.cross_out.plus(context, residual, post)
     if not need_weights:
         return out, None
-    return out, _side_by_side(weights).to(x)
-
-
-def _side_by_side(weights: list[Tensor]) -> Tensor:
-    """Groups' attention weights ``[rows, 1, src]`` as one tensor, left-padded to the widest."""
     widest = max(w.size(-1) for w in weights)
-    return torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights])
+    return out, torch.cat([F.pad(w, (widest - w.size(-1), 0)) for w in weights]).to(x)
 
 
 def _cross_attention_in_kernel(

@@ -96,8 +96,6 @@ def int8_weight_levels() -> int:
     return 127 if _int8_products_are_exact(127) else 63
 
 
-
-
 class Int8Weight(NamedTuple):
     """A weight for :func:`int8_linear`: int8 values (out x in), float32 scale per output
     channel (out), the float32 bias (or None), and the values packed for our int8 kernel where
@@ -232,6 +230,16 @@ def _normed(x: Tensor, norm: nn.LayerNorm | None) -> Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
+def _normed_as_kernels(x: Tensor, norm: nn.LayerNorm | None) -> Tensor:
+    """``x`` normed as our kernels' post-norm does it (an int8 layer's in a transformer step
+    in one call: the same bits), torch's norm where that kernel is not here."""
+    if norm is not None and norm.weight is not None and norm.bias is not None:
+        normed = float_products.layer_norm(x, norm.weight, norm.bias, norm.eps)
+        if normed is not None:
+            return normed
+    return _normed(x, norm)
+
+
 class PreparedLinear(NamedTuple):
     """A product's weight made ready once for inference (:func:`prepare_linear`): the plain
     weight and bias, its :func:`pack_weight` whatever its size, or int8 values where int8
@@ -264,12 +272,8 @@ class PreparedLinear(NamedTuple):
         ``norm`` (a post-norm layer's), in that call too on our float32 kernel."""
         if self._on_packed(x):
             return packed_product(x, self.packed, self.bias, residual=other, norm=norm)
-        if self.int8 is not None:  # the norm as the one-call step's (beamplugin.kernels)
-            summed = int8_linear(x, self.int8, residual=other)
-            if norm is None or norm.weight is None or norm.bias is None:
-                return _normed(summed, norm)
-            normed = float_products.layer_norm(summed, norm.weight, norm.bias, norm.eps)
-            return _normed(summed, norm) if normed is None else normed
+        if self.int8 is not None:
+            return _normed_as_kernels(int8_linear(x, self.int8, residual=other), norm)
         return _normed(self._unfused(x).add_(other), norm)
 
     def _on_packed(self, x: Tensor) -> bool:

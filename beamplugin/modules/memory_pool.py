@@ -99,12 +99,12 @@ class MemoryPool:
         if first_slot == 0:  # a new batch
             self.memory, self.widths = {}, []
         self.widths = self.widths[:first_slot] + [width] * count
-        read = self._read_width(self.widths)
-        if first_slot == 0 and self.padded:  # as wide as the pool reads, where the source is
-            width = min(read, new_width(source, self.layout))
-        new = narrowed(source, self.layout, rows, width)
-        width = read
-        if first_slot == 0 and new_width(new, self.layout) == width:
+        taken = width  # the source positions taken: its own, or as many as the pool reads
+        width = self._read_width(self.widths)
+        if first_slot == 0 and self.padded:
+            taken = min(width, new_width(source, self.layout))
+        new = narrowed(source, self.layout, rows, taken)
+        if first_slot == 0 and taken == width:
             # its memory becomes the pool, a view of these rows of the encoder output: the pool
             # changes them in place only for the sentences they belong to (sentences still
             # waiting read other rows)

@@ -122,8 +122,7 @@ class SelfAttentionHistory:
         columns_of = torch.arange(end - kept, end, device=like.device)
         moved = old.transpose(2, 3)[:, live, columns_of]  # 2 x layers, rows, kept, heads, dim
         spare[:, :rows, :, start - kept : start] = moved.transpose(2, 3)
-        own = torch.arange(rows, device=like.device).view(rows, 1).expand(rows, kept)
-        return spare, start, own
+        return spare, start, self._own_slots(rows, like.device).expand(rows, kept)
 
     def _own_slots(self, rows: int, device: torch.device) -> Tensor:
         """``[rows, 1]``: each row's own slot, where this step writes its key and value."""

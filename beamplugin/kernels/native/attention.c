@@ -168,6 +168,7 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
     for (int64_t r = 0; r < rows; r++) {
         int64_t sentence = r / each;
         const float *sentence_bias = bias + sentence * bias_sentence;
+        float *m = mean ? mean + r * mean_stride : 0;
         for (int64_t h = 0; h < heads; h++) {
             const float *query = q + r * q_stride + h * head_dim;
             const float *k = keys + sentence * k_sentence + h * k_head;
@@ -185,11 +186,9 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
                 s[j] = sentence_bias[j] == -INFINITY ? -INFINITY : sentence_bias[j] + s[j];
             softmax(s, src);
             weigh_sources(s, v, NULL, 0, src, head_dim, out + r * embed + h * head_dim);
-            float *m = mean ? mean + r * mean_stride : 0;
             for (int64_t j = 0; m && j < src; j++)
                 m[j] = h ? m[j] + s[j] : s[j];
         }
-        float *m = mean ? mean + r * mean_stride : 0;
         for (int64_t j = 0; m && j < src; j++)
             m[j] /= (float)heads;
     }

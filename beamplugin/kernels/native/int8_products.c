@@ -26,6 +26,12 @@
 
 int int8_kernel_available(void) { return 1; }
 
+/* the first n lanes of 16 (all of them from 16 on) */
+static inline __mmask16 first_lanes(int64_t n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
 /* x's rows as int8 + 128 (k4 bytes each, 128 past k) and their scales, as int8_linear makes
  * them: scale max |x| / 127 (at least smallest), values rounded half to even. Written with
  * intrinsics: GCC's own vectorization of the scalar loops took 2 cycles a value, more than the
@@ -40,7 +46,7 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int
         const float *row = x + r * ldx;
         __m512 most16 = _mm512_setzero_ps();
         for (int64_t j = 0; j < k; j += 16) {
-            __mmask16 mask = k - j >= 16 ? 0xFFFF : (__mmask16)((1u << (k - j)) - 1);
+            __mmask16 mask = first_lanes(k - j);
             __m512 a = _mm512_andnot_ps(sign, _mm512_maskz_loadu_ps(mask, row + j));
             most16 = _mm512_max_ps(a, most16); /* a NaN is passed over, as a > most ? a : most */
         }
@@ -51,7 +57,7 @@ static void quantize_rows(const float *x, int64_t ldx, int64_t m, int64_t k, int
         const __m512 divisor = _mm512_set1_ps(scale);
         uint8_t *out = q + r * k4;
         for (int64_t j = 0; j < k; j += 16) {
-            __mmask16 mask = k - j >= 16 ? 0xFFFF : (__mmask16)((1u << (k - j)) - 1);
+            __mmask16 mask = first_lanes(k - j);
             __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(mask, row + j), divisor);
             v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             __m512i shifted = _mm512_add_epi32(_mm512_cvtps_epi32(v), offset);
@@ -98,10 +104,7 @@ static inline __attribute__((always_inline)) void rows_of_panel(
         _mm512_storeu_si512(summed[i][1], acc[i][1]);
     }
     /* scaled back as int8_linear does, 16 channels at a time (masked past the weight's end) */
-    __mmask16 masks[2] = {
-        (__mmask16)(width >= 16 ? 0xFFFF : (1u << width) - 1),
-        (__mmask16)(width >= 32 ? 0xFFFF : width <= 16 ? 0 : (1u << (width - 16)) - 1),
-    };
+    __mmask16 masks[2] = {first_lanes(width), width <= 16 ? 0 : first_lanes(width - 16)};
     for (int c = 0; c < 2; c++) {
         if (!masks[c])
             continue;
