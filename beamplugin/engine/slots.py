@@ -66,6 +66,7 @@ class Slots:
         self.per_sentence: dict[str, Tensor] = {}
         self._layouts: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self._steps_on_device: Tensor | None = None
+        self._memory_views: list[Any] | None = None  # while no sentence comes, goes or widens
 
     # ---- allocate and free ---------------------------------------------------------------
 
@@ -116,6 +117,7 @@ class Slots:
             slot += rows.stop - rows.start
         self._add_per_sentence(first, torch.cat(src_lengths), prefixes)
         self.live.extend(sentences)
+        self._memory_views = None
         self.fresh += len(sentences)
         self.tokens_in_flight += sum(self.beam * s.width for s in sentences)
         return sentences
@@ -152,6 +154,7 @@ class Slots:
             order = arrangement(blocks)
         order_dev = None
         if order != kept:
+            self._memory_views = None
             self.live = [self.live[old] for old in order]
             self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
             if self.live:
@@ -170,6 +173,8 @@ class Slots:
         """Lay out this step's rows: the sentences allocated since the last step have one row
         each where the models allow it. Returns how many were allocated."""
         fresh, self.fresh = self.fresh, 0
+        if self.one_row:  # last step's one-row sentences have beam rows now
+            self._memory_views = None
         self.one_row = fresh if self.first_step_one_row else 0
         self._steps_on_device = None
         return fresh
@@ -185,9 +190,12 @@ class Slots:
         return groups
 
     def memory_views(self) -> list[Any]:
-        """Per model, the encoder output its decoder reads this step."""
-        groups = self.attention_groups()
-        return [memory.view(groups) for memory in self.memories]
+        """Per model, the encoder output its decoder reads this step (the same objects from
+        step to step while the sentences in flight and their rows stay)."""
+        if self._memory_views is None:
+            groups = self.attention_groups()
+            self._memory_views = [memory.view(groups) for memory in self.memories]
+        return self._memory_views
 
     def rows_of(self, sentences: list[int]) -> Tensor | None:
         """The decoder rows of live sentences ``sentences`` (None: all of them)."""
