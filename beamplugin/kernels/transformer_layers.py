@@ -246,6 +246,8 @@ class DecoderStep:
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = _layer_table(layers, int8_kernel)
         self._turn = threading.Lock()
+        self._scratch = torch.empty(0)  # the step's scratch, laid out for _scratch_rows
+        self._scratch_rows: tuple[int, int] | None = None
         addresses = self.kernels[1]
         # what every step shares; a step fills in the rest
         self.step = _Step(
@@ -277,23 +279,18 @@ class DecoderStep:
         ``sources[r, j]``; its last column written here, in slot ``r``) and the ``groups``'
         memories; and the alignment layer's cross-attention weights averaged over heads ``[rows,
         src]``, each group's left-padded with zeros to the widest."""
-        rows, width = tokens.size(0), sources.size(1)
+        rows = tokens.size(0)
         self._check(tokens, windows, sources)
         if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        embed = self.embed
-        sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
-        x = windows.new_empty(rows * sum(sizes))
         logits = windows.new_empty((rows, self.vocab))
         attn = windows.new_empty((rows, groups.widest))
         with self._turn:
-            self._run(x, sizes, logits, attn, tokens, windows, sources, groups, alignment_layer)
+            self._run(logits, attn, tokens, windows, sources, groups, alignment_layer)
         return logits, attn
 
     def _run(
         self,
-        x: Tensor,
-        sizes: list[int],
         logits: Tensor,
         attn: Tensor,
         tokens: Tensor,
@@ -302,13 +299,12 @@ class DecoderStep:
         groups: Groups,
         alignment_layer: int,
     ) -> None:
-        """Fill in the step's struct and tables (scratch ``x``, parts of ``sizes`` rows each;
-        the outputs ``logits`` and ``attn``) and run it."""
+        """Fill in the step's struct and tables (the outputs ``logits`` and ``attn``) and run
+        it."""
         (rows, steps), slots, width = tokens.shape, windows.size(1), sources.size(1)
-        step, at = self.step, x.data_ptr()
-        for name, size in zip(_SCRATCH, sizes, strict=True):  # float32: 4 bytes each
-            setattr(step, name, at)
-            at += 4 * rows * size
+        step = self.step
+        if self._scratch_rows != (rows, width):
+            self._lay_out_scratch(rows, width)
         step.logits, step.alignment, step.alignment_width = (
             logits.data_ptr(), attn.data_ptr(), attn.size(1)
         )
@@ -324,6 +320,19 @@ class DecoderStep:
         step.failed = 0
         if self.kernels[0](ctypes.byref(step), self.table) is None:
             raise _failure(step.failed, rows, slots)
+
+    def _lay_out_scratch(self, rows: int, width: int) -> None:
+        """Point the step's scratch parts at a buffer for ``rows`` rows and a history ``width``
+        wide, kept for the steps after (grown, never shrunk: steps take turns in it)."""
+        embed = self.embed
+        sizes = [embed, embed, embed, embed, 3 * embed, embed, embed, self.hidden, width]
+        if self._scratch.numel() < rows * sum(sizes):
+            self._scratch = self._scratch.new_empty(rows * sum(sizes))
+        at = self._scratch.data_ptr()
+        for name, size in zip(_SCRATCH, sizes, strict=True):  # float32: 4 bytes each
+            setattr(self.step, name, at)
+            at += 4 * rows * size
+        self._scratch_rows = (rows, width)
 
     def _check(self, tokens: Tensor, windows: Tensor, sources: Tensor) -> None:
         """A ValueError where the step's inputs are not what the C code reads."""
@@ -342,7 +351,7 @@ class DecoderStep:
             raise ValueError("the history must be float32 on the CPU")
 
 
-# the step's scratch, rows wide each, in the order of DecoderStep.__call__'s sizes
+# the step's scratch, rows wide each, in the order of DecoderStep._lay_out_scratch's sizes
 _SCRATCH = ("x", "a", "b", "normed", "qkv", "context", "query", "inner", "bias")
 
 
