@@ -20,6 +20,7 @@ from beamplugin.engine.requests import Finished
 from beamplugin.engine.slots import Sentence, Slots
 from beamplugin.runtime.host_transfer import to_device, to_host
 from beamplugin.search.beam_step import BeamStep, length_normaliser
+from beamplugin.search.hypotheses import EndedRows
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.search.options import DecodingOptions
 from beamplugin.search.stopping import best_possible
@@ -107,11 +108,6 @@ class Finalizer:
         options, live = self.options, slots.live
         lengths = [live[s].step + 1 for s in sents]  # tokens, EOS included
         tokens, cumulative = runner.history(rows)
-        tokens = F.pad(tokens, (0, 1), value=options.eos)
-        cumulative = torch.cat([cumulative, eos_cumulative.unsqueeze(1)], 1)
-        # A row's own columns are its last `length`; the one before them is the score 0 its
-        # sentence joined with (or the 0 prepended), so differences are its positional scores.
-        positional = cumulative.diff(dim=1, prepend=cumulative.new_zeros(len(sents), 1))
         scores = eos_cumulative
         if options.normalize_scores:
             divisors = [
@@ -126,31 +122,22 @@ class Finalizer:
             src_lengths = slots.per_sentence["src_lengths"].index_select(0, sents_dev)
             too_long = to_device(lengths, slots.device) > src_lengths + 1
             scores = scores.masked_fill(too_long, -math.inf)
-        fetched = [tokens, positional, scores]
+        fetched = [tokens, cumulative, eos_cumulative, scores]
         if attn is not None:
             fetched.append(runner.attention_history(rows, attn).transpose(1, 2))
-        # Returned tensors must be ordinary ones: callers change them in place
-        # (fairseq-generate divides the positional scores by log 2).
-        with torch.inference_mode(False):
-            fetched = [t.clone().unbind() for t in to_host(*fetched)]  # one view per row
-        for sent, length, tokens, positional, score, *attention in zip(
-            sents, lengths, *fetched, strict=True
-        ):
-            own = slice(-length, None)  # the columns of longer rows come first
-            source = slice(-live[sent].width, None)
-            live[sent].nbest.add(
-                {
-                    "tokens": tokens[own],
-                    "score": score,
-                    "attention": attention[0][source, own] if attention else torch.empty(0),
-                    "alignment": torch.empty(0),
-                    "positional_scores": positional[own],
-                }
-            )
+        tokens, cumulative, eos_cumulative, scores, *attention = to_host(*fetched)
+        ended = EndedRows(
+            tokens, cumulative, eos_cumulative, scores, attention[0] if attention else None,
+            lengths, [live[s].width for s in sents], options.eos,
+        )  # fmt: skip
+        for row, (sent, score) in enumerate(zip(sents, scores.tolist(), strict=True)):
+            live[sent].nbest.add(score, (ended, row))
 
     def result(self, sentence: Sentence) -> Finished:
         """A done sentence's hypotheses, best first."""
-        hypotheses = sentence.nbest.best_first(self.options.nbest)
+        hypotheses = [
+            ended.hypothesis(row) for ended, row in sentence.nbest.best_first(self.options.nbest)
+        ]
         if self.options.print_alignment:
             add_alignments(hypotheses, sentence.src_tokens, self.options)
         return Finished(sentence.key, hypotheses)

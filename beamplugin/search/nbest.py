@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
-Hypothesis = dict[str, Any]
+Hypothesis = dict[str, Any]  # fairseq's: tokens, score, attention, alignment, positional_scores
+T = TypeVar("T")
 
 
-class NBest:
-    """At most ``size`` finished hypotheses of one sentence.
+class NBest(Generic[T]):
+    """At most ``size`` finished hypotheses of one sentence (whatever stands for them), each
+    with its score.
 
     fairseq's rule keeps the first ``size`` that finish (the sentence stops then); with
     ``evict_worst`` (exact stopping, which searches on) a better hypothesis replaces the worst.
@@ -20,28 +22,28 @@ class NBest:
     def __init__(self, size: int, evict_worst: bool) -> None:
         self.size = size
         self.evict_worst = evict_worst
-        self.hypotheses: list[Hypothesis] = []
+        self.scores: list[float] = []
+        self.hypotheses: list[T] = []
 
     def __len__(self) -> int:
         return len(self.hypotheses)
 
-    def add(self, hypothesis: Hypothesis) -> None:
+    def add(self, score: float, hypothesis: T) -> None:
         if len(self.hypotheses) < self.size:
+            self.scores.append(score)
             self.hypotheses.append(hypothesis)
         elif self.evict_worst:
-            scores = [float(h["score"]) for h in self.hypotheses]
-            worst = min(range(len(scores)), key=scores.__getitem__)
-            if float(hypothesis["score"]) > scores[worst]:
-                self.hypotheses[worst] = hypothesis
+            worst = min(range(len(self.scores)), key=self.scores.__getitem__)
+            if score > self.scores[worst]:
+                self.scores[worst], self.hypotheses[worst] = score, hypothesis
 
     def worst_score(self) -> float:
         """The score a new hypothesis must beat once the list is full (-inf before)."""
         if len(self.hypotheses) < self.size:
             return -math.inf
-        return min(float(h["score"]) for h in self.hypotheses)
+        return min(self.scores)
 
-    def best_first(self, count: int) -> list[Hypothesis]:
+    def best_first(self, count: int) -> list[T]:
         # The same sort call as fairseq, so that equal scores keep fairseq's order.
-        scores = torch.tensor([float(h["score"]) for h in self.hypotheses])
-        order = torch.sort(scores, descending=True).indices.tolist()
+        order = torch.sort(torch.tensor(self.scores), descending=True).indices.tolist()
         return [self.hypotheses[i] for i in order[:count]]
