@@ -194,17 +194,18 @@ class MemoryPool:
 
 
 def narrowed(memory: Memory, layout: Layout, rows: slice, width: int) -> Memory:
-    """Rows ``rows`` of a memory, cut to its last ``width`` source positions."""
+    """Rows ``rows`` of a memory, cut to its last ``width`` source positions (the tensors
+    themselves where they are no more: a sentence alone reads its memory as the pool took it)."""
     out: Memory = {}
     for name, spec in layout.items():
         tensor = memory[name]
-        if tensor is None:
-            out[name] = None
-        elif spec.width_dim is None:
-            out[name] = tensor[rows]
-        else:
-            start = tensor.size(spec.width_dim) - width
-            out[name] = tensor[(rows, *[slice(None)] * (spec.width_dim - 1), slice(start, None))]
+        if tensor is not None:
+            if rows != slice(0, tensor.size(0)):
+                tensor = tensor[rows]
+            if spec.width_dim is not None and tensor.size(spec.width_dim) != width:
+                start = tensor.size(spec.width_dim) - width
+                tensor = tensor.narrow(spec.width_dim, start, width)
+        out[name] = tensor
     return out
 
 
