@@ -105,7 +105,10 @@ def step_laid_out(
     (their first step, score 0)."""
     steps = []
     if multi:
-        rows = lprobs[: multi * beam_size].view(multi, beam_size, -1)[:, : scores.size(1)]
+        rows = lprobs if not one_row else lprobs[: multi * beam_size]
+        rows = rows.view(multi, beam_size, -1)
+        if scores.size(1) < beam_size:  # a batch's first step: one hypothesis each
+            rows = rows[:, : scores.size(1)]
         steps.append(beam_step(rows, scores, beam_size, eos))
     if one_row:
         first = lprobs[multi * beam_size :].unsqueeze(1)
