@@ -247,11 +247,13 @@ def search_log_probs(model: nn.Module, logits: Tensor, extra: Any, temperature: 
     precision the model computes in, its last step's logits widened before the temperature and
     the model's log-softmax, so the search's scores, length normalisation and stop tests are
     float32 (see beamplugin.fairseq_plugin.precision)."""
-    logits = logits[:, -1:, :].float()
+    if logits.size(1) > 1:
+        logits = logits[:, -1:, :]
+    logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     lprobs = model.get_normalized_probs((logits, extra), log_probs=True, sample=None)
-    return lprobs[:, -1, :].float()
+    return lprobs.squeeze(1).float()
 
 
 def _last_step_attention(extra: Any) -> Tensor | None:
