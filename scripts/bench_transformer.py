@@ -9,8 +9,9 @@ B consecutive sentences, as fairseq-generate makes them):
 * ``ours`` / ``ours int8``: beamplugin's engine as fairseq-generate runs it through task
   ``beam_translation`` (and as fairseq-interactive and the server do): every sentence in one
   stream, at most B in flight (``beamplugin.streams.translate``), no attention kept (none is
-  printed without ``--print-alignment``; CTranslate2 returns none either), in float32 and with
-  ``--int8``'s products;
+  printed without ``--print-alignment``; CTranslate2 returns none either) and one hypothesis
+  returned a sentence (fairseq-generate's ``--nbest 1``, CTranslate2's ``num_hypotheses=1``), in
+  float32 and with ``--int8``'s products;
 * ``ours generate``: beamplugin's SequenceGenerator, ``generate`` per batch as fairseq's (float32;
   at batch 1 each call's own setup shows);
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
@@ -134,8 +135,8 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
         cast_for_decoding([model], "int8")
     options: dict[str, Any] = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
     streams = args.worker in ("ours", "ours int8")
-    if streams:  # as task beam_translation builds it without --print-alignment
-        options["attention"] = False
+    if streams:  # as task beam_translation builds it without --print-alignment, --nbest 1
+        options.update(attention=False, nbest=1)
     kind = FairseqGenerator if args.worker == "fairseq" else SequenceGenerator
     generator = kind([model], task.target_dictionary, **options)
     pad, batch = task.source_dictionary.pad(), job["batch"]
