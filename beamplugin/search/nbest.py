@@ -44,6 +44,9 @@ class NBest(Generic[T]):
         return min(self.scores)
 
     def best_first(self, count: int) -> list[T]:
-        # The same sort call as fairseq, so that equal scores keep fairseq's order.
-        order = torch.sort(torch.tensor(self.scores), descending=True).indices.tolist()
+        scores = self.scores
+        if len(set(scores)) == len(scores) and not any(map(math.isnan, scores)):
+            order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
+        else:  # the same sort call as fairseq, so that equal scores keep fairseq's order
+            order = torch.sort(torch.tensor(scores), descending=True).indices.tolist()
         return [self.hypotheses[i] for i in order[:count]]
