@@ -53,15 +53,15 @@ class EndedRows:
         """Each row's tokens with EOS, positional scores, score and attention: views of tensors
         made for all rows at once."""
         tokens, cumulative, eos_cumulative, scores, attention = self.fetched
-        tokens = F.pad(tokens, (0, 1), value=self.eos)
-        cumulative = torch.cat([cumulative, eos_cumulative.unsqueeze(1)], 1)
-        # A row's own columns are its last `length`; the one before them is the score 0 its
-        # sentence joined with (or the 0 prepended), so differences are its positional scores.
-        positional = cumulative.diff(dim=1, prepend=cumulative.new_zeros(len(scores), 1))
-        made = [tokens, positional, scores]
-        if attention is not None:
-            made.append(attention)
-        # Returned tensors must be ordinary ones: callers change them in place
-        # (fairseq-generate divides the positional scores by log 2).
+        # Returned tensors must be ordinary ones: callers change them in place (fairseq-generate
+        # divides the positional scores by log 2). Made outside inference mode, new tensors are.
         with torch.inference_mode(False):
-            return list(zip(*(t.clone().unbind() for t in made), strict=True))
+            tokens = F.pad(tokens, (0, 1), value=self.eos)
+            cumulative = torch.cat([cumulative, eos_cumulative.unsqueeze(1)], 1)
+            # A row's own columns are its last `length`; the one before them is the score 0 its
+            # sentence joined with (or the 0 prepended): differences are its positional scores.
+            positional = cumulative.diff(dim=1, prepend=cumulative.new_zeros(len(scores), 1))
+            made = [tokens, positional, scores.clone()]
+            if attention is not None:
+                made.append(attention.clone())
+            return list(zip(*(t.unbind() for t in made), strict=True))
