@@ -354,12 +354,24 @@ def test_alignment_equals_fairseq(vocab, models, arch):
 
 
 @pytest.mark.parametrize("arch", ["convs2s", "transformer"])
-def test_without_attention_the_hypotheses_are_the_same_and_keep_none(vocab, models, arch):
+def test_without_attention_the_hypotheses_are_the_same_and_keep_none(
+    vocab, models, arch, monkeypatch
+):
     model = models[arch][0]
     sample = make_batch(vocab, 6, seed=15)
     kept = SequenceGenerator([model], vocab, beam_size=3, max_len_b=20).generate([model], sample)
     gen = SequenceGenerator([model], vocab, beam_size=3, max_len_b=20, attention=False)
+    decoder = gen.model.models[0].decoder
+    returned, forward = [], decoder.forward
+
+    def spied(*args, **kwargs):  # the decoder is asked for no attention, and makes none
+        out = forward(*args, **kwargs)
+        returned.append(out[1]["attn"][0] if isinstance(out[1], dict) else out[1])
+        return out
+
+    monkeypatch.setattr(decoder, "forward", spied)
     out = gen.generate([model], sample)
+    assert returned and all(attn is None for attn in returned)
     assert_same(kept, out, check_attention=False)
     for hypos, kept_hypos in zip(out, kept, strict=True):
         for hypo, kept_hypo in zip(hypos, kept_hypos, strict=True):

@@ -55,7 +55,8 @@ class MixedStepEncoder(Protocol):
 class MixedStepDecoder(Protocol):
     """The decoder of a model that mixes steps (``decodes_mixed_steps = True``): its forward
     takes rows at different steps (positions from each row's left-padded history, the encoder
-    output as ``EncoderMemory.view`` gives it), and its incremental state follows the rows."""
+    output as ``EncoderMemory.view`` gives it, ``need_attn``: whether to return attention), and
+    its incremental state follows the rows."""
 
     decodes_mixed_steps: bool
     reads_encoder_out_per_sentence: bool  # one encoder row per sentence, whatever its rows
@@ -202,7 +203,11 @@ class EnsembleDecoder(nn.Module):
         ``[rows, src]`` (None without ``attention``, or where the models give none)."""
         lprobs, attns = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, states, strict=True):
-            if self.incremental:
+            if self.mixes_steps:
+                out = model.decoder(
+                    tokens, encoder_out=encoder_out, incremental_state=state, need_attn=attention
+                )
+            elif self.incremental:
                 out = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
             else:
                 out = model.decoder(tokens, encoder_out=encoder_out)

@@ -271,20 +271,21 @@ class DecoderStep:
         windows: Tensor,
         sources: Tensor,
         groups: Groups,
-        alignment_layer: int,
-    ) -> tuple[Tensor, Tensor]:
+        alignment_layer: int | None,
+    ) -> tuple[Tensor, Tensor | None]:
         """The logits ``[rows, vocab]`` of the next token after ``tokens`` ``[rows, steps]``
         (int64, right-aligned, pad before a row's own), given the rows' histories ``windows``
         ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s column ``j`` in slot
         ``sources[r, j]``; its last column written here, in slot ``r``) and the ``groups``'
         memories; and the alignment layer's cross-attention weights averaged over heads ``[rows,
-        src]``, each group's left-padded with zeros to the widest."""
+        src]``, each group's left-padded with zeros to the widest (None without an
+        ``alignment_layer``)."""
         rows = tokens.size(0)
         self._check(tokens, windows, sources)
         if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
         logits = windows.new_empty((rows, self.vocab))
-        attn = windows.new_empty((rows, groups.widest))
+        attn = None if alignment_layer is None else windows.new_empty((rows, groups.widest))
         with self._turn:
             self._run(logits, attn, tokens, windows, sources, groups, alignment_layer)
         return logits, attn
@@ -292,22 +293,25 @@ class DecoderStep:
     def _run(
         self,
         logits: Tensor,
-        attn: Tensor,
+        attn: Tensor | None,
         tokens: Tensor,
         windows: Tensor,
         sources: Tensor,
         groups: Groups,
-        alignment_layer: int,
+        alignment_layer: int | None,
     ) -> None:
-        """Fill in the step's struct and tables (the outputs ``logits`` and ``attn``) and run
-        it."""
+        """Fill in the step's struct and tables (the outputs ``logits`` and ``attn``, if any)
+        and run it."""
         (rows, steps), slots, width = tokens.shape, windows.size(1), sources.size(1)
         step = self.step
         if self._scratch_rows != (rows, width):
             self._lay_out_scratch(rows, width)
-        step.logits, step.alignment, step.alignment_width = (
-            logits.data_ptr(), attn.data_ptr(), attn.size(1)
-        )
+        step.logits = logits.data_ptr()
+        if attn is None:  # no alignment layer: nothing averaged
+            step.alignment, step.alignment_layer = None, -1
+        else:
+            step.alignment, step.alignment_width = attn.data_ptr(), attn.size(1)
+            step.alignment_layer = alignment_layer
         history, layer_bytes = windows.data_ptr(), 4 * windows.stride(0)
         for index, entry in enumerate(self.table):
             entry.keys = history + 2 * index * layer_bytes
@@ -316,7 +320,7 @@ class DecoderStep:
         step.rows, step.width, step.slots, step.sources = rows, width, slots, sources.data_ptr()
         step.row_stride, step.head_stride = windows.stride(1), windows.stride(2)
         step.groups, step.group = len(groups.table), groups.table
-        step.alignment_layer, step.threads = alignment_layer, torch.get_num_threads()
+        step.threads = torch.get_num_threads()
         step.failed = 0
         if self.kernels[0](ctypes.byref(step), self.table) is None:
             raise _failure(step.failed, rows, slots)

@@ -176,8 +176,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
     Full pass (``incremental_state`` None): batch x tgt_len x vocab logits. Incremental pass:
     only the last token of ``prev_output_tokens`` is read; logits are batch x 1 x vocab.
-    The second output is the attention averaged over layers (None in training or when
-    ``need_attn`` is off).
+    The second output is the attention averaged over layers (None in training, when
+    ``need_attn`` is off, or when a call asks for none: ``forward(..., need_attn=False)``).
     """
 
     # The decoder accepts an encoder_out with one row per sentence while it decodes several
@@ -237,6 +237,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         prev_output_tokens: Tensor,
         encoder_out: dict[str, Any] | None = None,
         incremental_state: IncrementalState | None = None,
+        need_attn: bool = True,
         **unused: Any,
     ) -> tuple[Tensor, Tensor | None]:
         if encoder_out is None:
@@ -263,7 +264,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
         x = swap(x)
         avg_attn = None
-        keep_attn = not self.training and self.need_attn
+        keep_attn = not self.training and self.need_attn and need_attn
         residuals = [x]
         for projection, conv, attention, distance in zip(
             self.projections, self.convolutions, self.attention, self.residuals, strict=True

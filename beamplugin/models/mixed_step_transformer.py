@@ -225,17 +225,19 @@ class MixedStepTransformerDecoder(nn.Module):
         prev_output_tokens: Tensor,
         encoder_out: dict[str, Any],
         incremental_state: dict[str, Any],
+        need_attn: bool = True,
     ) -> tuple[Tensor, dict[str, Any]]:
         """The next token's logits ``[rows, 1, vocab]`` of every row of ``prev_output_tokens``
-        (``[rows, steps + 1]``, right-aligned, pad before a row's own tokens), and the last
-        layer's cross-attention averaged over heads (``{"attn": [[rows, 1, src]]}``)."""
+        (``[rows, steps + 1]``, right-aligned, pad before a row's own tokens), and with
+        ``need_attn`` the last layer's cross-attention averaged over heads (``{"attn": [[rows,
+        1, src]]}``; else ``[None]``)."""
         d, weights = self.decoder, self.weights
         tokens = prev_output_tokens
         rows, steps = tokens.shape
         in_kernel = weights.decoder_in_kernel
         if in_kernel is not None and tokens.is_cpu and not torch.is_grad_enabled():
             history = self.history.advance(incremental_state, rows, steps, weights.output.weight)
-            logits, attn = self._step_in_kernel(in_kernel, tokens, history, encoder_out)
+            logits, attn = self._step_in_kernel(in_kernel, tokens, history, encoder_out, need_attn)
             return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
@@ -247,7 +249,7 @@ class MixedStepTransformerDecoder(nn.Module):
         if not native:  # torch's batched products take [rows x heads, 1, width]
             own_bias = own_bias.view(rows, 1, 1, width).expand(rows, self.heads, 1, width)
             own_bias = own_bias.reshape(-1, 1, width)
-        x, attn = self._layers(x, history, own_bias, encoder_out, native)
+        x, attn = self._layers(x, history, own_bias, encoder_out, native, need_attn)
         if d.layer_norm is not None:
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
@@ -261,9 +263,11 @@ class MixedStepTransformerDecoder(nn.Module):
         tokens: Tensor,
         history: Window,
         encoder_out: dict[str, Any],
-    ) -> tuple[Tensor, Tensor]:
+        need_attn: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
-        ``[rows, vocab]`` and the alignment layer's cross-attention averaged over heads."""
+        ``[rows, vocab]`` and, if ``need_attn``, the alignment layer's cross-attention averaged
+        over heads ``[rows, 1, src]``."""
         views = encoder_out["attention_groups"]  # the same list while no sentence comes or goes
         cached = self._kernel_groups  # (read once: another thread's engine may replace it)
         if cached is None or cached[0] is not views:
@@ -276,10 +280,11 @@ class MixedStepTransformerDecoder(nn.Module):
                 for memory, group_rows in views
             ]
             cached = self._kernel_groups = views, in_kernel.groups(groups)
+        alignment_layer = self.alignment_layer if need_attn else None
         logits, attn = in_kernel(
-            tokens, history.keys_values, history.sources, cached[1], self.alignment_layer
+            tokens, history.keys_values, history.sources, cached[1], alignment_layer
         )
-        return logits, attn.unsqueeze(1)
+        return logits, None if attn is None else attn.unsqueeze(1)
 
     def _layers(
         self,
@@ -288,9 +293,10 @@ class MixedStepTransformerDecoder(nn.Module):
         own_bias: Tensor,
         encoder_out: dict[str, Any],
         native: bool,
+        need_attn: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        """Every layer one call at a time (our kernels where ``native``, else torch's), and the
-        alignment layer's cross-attention weights averaged over heads."""
+        """Every layer one call at a time (our kernels where ``native``, else torch's), and, if
+        ``need_attn``, the alignment layer's cross-attention weights averaged over heads."""
         groups = [
             (memory, group_rows, None if native else _cross_bias(memory, group_rows, self.heads))
             for memory, group_rows in encoder_out["attention_groups"]
@@ -298,11 +304,11 @@ class MixedStepTransformerDecoder(nn.Module):
         attn = None
         layers = zip(self.decoder.layers, self.weights.decoder_layers, strict=True)
         for index, (layer, prepared) in enumerate(layers):
-            need_attn = index == self.alignment_layer
+            alignment = need_attn and index == self.alignment_layer
             x, layer_attn = _decoder_layer(
-                layer, prepared, index, x, history, own_bias, groups, need_attn
+                layer, prepared, index, x, history, own_bias, groups, alignment
             )
-            if index == self.alignment_layer:
+            if alignment:
                 attn = layer_attn
         return x, attn
 
