@@ -84,17 +84,19 @@ def beam_step(
     if scores.dtype != torch.float32 or not scores.is_cpu:
         raise ValueError(f"scores must be float32 on the CPU, not {scores.dtype}")
     scores = scores.contiguous()
-    cand_scores = lprobs.new_empty((sentences, k))
-    cand_tokens, cand_beams = (torch.empty((sentences, k), dtype=torch.int64) for _ in range(2))
-    finalize = torch.empty((sentences, beam_size), dtype=torch.bool)
-    alive_beams, alive_tokens = (torch.empty((sentences, beam_size), dtype=torch.int64)
-                                 for _ in range(2))  # fmt: skip
-    alive_scores = lprobs.new_empty((sentences, beam_size))
-    outputs = (cand_scores, cand_tokens, cand_beams, finalize, alive_beams, alive_tokens,
-               alive_scores)  # fmt: skip
+    candidates, beam = (sentences, k), (sentences, beam_size)
+    outputs = (
+        lprobs.new_empty(candidates),  # scores
+        torch.empty(candidates, dtype=torch.int64),  # tokens
+        torch.empty(candidates, dtype=torch.int64),  # hypotheses
+        torch.empty(beam, dtype=torch.bool),  # finalize
+        torch.empty(beam, dtype=torch.int64),  # the next beam's hypotheses
+        torch.empty(beam, dtype=torch.int64),  # its tokens
+        lprobs.new_empty(beam),  # its scores
+    )
     unsure = kernel(
         lprobs.data_ptr(), lprobs.stride(0), lprobs.stride(1), scores.data_ptr(), sentences,
-        beams, vocab, k, beam_size, eos, *(t.data_ptr() for t in outputs),
+        beams, vocab, k, beam_size, eos, *[t.data_ptr() for t in outputs],
         threads_for(sentences * beams * vocab // 8),
     )  # fmt: skip
     return None if unsure else outputs

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -42,8 +41,7 @@ class RowLayout(Protocol):
         """``[sentences]`` each sentence's step, on the device."""
 
 
-@dataclass(frozen=True)
-class StepView:
+class StepView(NamedTuple):
     """What the rules see of one step: per sentence its state, per row its history."""
 
     tokens: Tensor  # [rows, steps + 1] each row's tokens, BOS first, left-padded
@@ -91,8 +89,8 @@ class LogProbRules:
         short = []
         if min(steps) < options.min_len:
             short = [i for i in range(n) if steps[i] < options.min_len and i not in forced]
-        kinds = {"all": range(n), "unforced": unforced, "short": short}
-        for kind, sentences in kinds.items():
+        lprobs.index_fill_(1, self._columns("all", lprobs.device), -math.inf)
+        for kind, sentences in (("unforced", unforced), ("short", short)):
             if sentences:
                 columns = self._columns(kind, lprobs.device)
                 rows = view.layout.rows_of(sentences)
