@@ -9,7 +9,7 @@ import torch
 from builders import fairseq_reference
 
 from beamplugin.kernels import candidates
-from beamplugin.search import beam_step, block_repeated_ngrams, length_normaliser
+from beamplugin.search import beam_step, block_repeated_ngrams, concat_steps, length_normaliser
 from beamplugin.search.beam_step import CHUNKED_TOPK_MIN_SIZE, chunk_size, top_candidates
 
 INF = math.inf
@@ -22,7 +22,11 @@ def table(*rows: list[float]) -> torch.Tensor:
 
 
 def as_lists(res) -> dict:
-    return {name: getattr(res, name).tolist() for name in res._fields}
+    """Every field of ``res`` as lists; ``first_nan`` None (none can be) as all False."""
+    lists = {name: getattr(res, name) for name in res._fields}
+    if lists["first_nan"] is None:
+        lists["first_nan"] = torch.zeros(res.cand_scores.size(0), 1, dtype=torch.bool)
+    return {name: value.tolist() for name, value in lists.items()}
 
 
 def test_eos_in_top_half_finishes_and_leaves_the_beam():
@@ -202,3 +206,15 @@ def test_block_repeated_ngrams_rows_are_independent():
     block_repeated_ngrams(torch.tensor([[2, 4, 7, 4], [2, 4, 6, 5]]), lprobs, 2, 1)
     assert lprobs[0, 7] == -INF and lprobs[0].isinf().sum() == 1
     assert not lprobs[1].isinf().any()
+
+
+
+def test_a_nan_log_prob_is_reported_where_it_ranks_first():
+    lprobs = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(4))
+    clean = beam_step(lprobs, torch.zeros(3, 2), beam_size=2, eos=EOS)
+    assert as_lists(clean)["first_nan"] == [[False]] * 3
+    lprobs[1, 1, 9] = math.nan  # torch.topk ranks NaN first: sentence 1 only
+    res = beam_step(lprobs, torch.zeros(3, 2), beam_size=2, eos=EOS)
+    assert res.first_nan.tolist() == [[False], [True], [False]]
+    # joined to a step whose search saw no NaN, its sentences read False
+    assert concat_steps(clean, res).first_nan.view(-1).tolist() == [False] * 4 + [True, False]

@@ -115,7 +115,10 @@ def test_the_beam_step_is_the_torch_steps(monkeypatch, sentences, beams, vocab, 
         patch.setattr(candidates, "serves", lambda lprobs: False)
         theirs = beam_step(lprobs, scores, beam_size, eos)
     for field, a, b in zip(ours._fields, ours, theirs, strict=True):
-        assert torch.equal(a, b), field
+        if field == "first_nan":  # our kernel leaves NaN to torch: it reports none
+            assert (a is None or not a.any()) and not b.any()
+        else:
+            assert torch.equal(a, b), field
 
 
 def test_an_avx2_build_finds_the_same_candidates(tmp_path):

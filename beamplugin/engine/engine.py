@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from beamplugin.engine.ensemble import EnsembleDecoder
-from beamplugin.engine.finalizer import Finalizer
+from beamplugin.engine.finalizer import Finalizer, StepStatus
 from beamplugin.engine.model_runner import ModelRunner, Pending
 from beamplugin.engine.requests import Finished, Request
 from beamplugin.engine.scheduler import Scheduler, Waiting
@@ -147,16 +147,14 @@ class DecodingEngine:
         lprobs, copies = self.rules.apply(lprobs, self.slots.view(self.runner.tokens))
         if copies is not None:
             self.runner.copy_rows(copies)
-        res, status, bound = self._search(lprobs)
+        res, status = self._search(lprobs)
+        if status.nan:  # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
+            lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+            res, status = self._search(lprobs)
         done: list[bool] | None = None
-        if status.any() or any(s.step >= s.max_len for s in self.live):
-            slots = res.finalize.size(1)  # beam, or fewer with a tiny vocabulary
-            if status[:, slots].any():
-                # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
-                lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-                res, status, bound = self._search(lprobs)
+        if status.acts or any(s.step >= s.max_len for s in self.live):
             done = self.finalizer.finish(
-                res, status[:, :slots], bound, lprobs, attn, self.slots, self.runner
+                res, status.ending, status.bound, lprobs, attn, self.slots, self.runner
             )
         if self._cancelling:
             done = self._with_cancelled(done)
@@ -176,9 +174,9 @@ class DecodingEngine:
         self.cancelled += sum(cancelled)
         return [c or bool(d) for c, d in zip(cancelled, done or cancelled, strict=True)]
 
-    def _search(self, lprobs: Tensor) -> tuple[BeamStep, Tensor, Tensor | None]:
+    def _search(self, lprobs: Tensor) -> tuple[BeamStep, StepStatus]:
         """The beam step of every live sentence and its status on the host (the step's one
-        synchronisation): see Finalizer.status."""
+        synchronisation)."""
         slots = self.slots
         res = step_laid_out(
             lprobs,
@@ -188,5 +186,4 @@ class DecodingEngine:
             self.options.beam_size,
             self.options.eos,
         )
-        status, bound = self.finalizer.status(res, slots)
-        return res, status, bound
+        return res, self.finalizer.status(res, slots)

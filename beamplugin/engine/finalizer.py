@@ -9,6 +9,7 @@ with one more (the hypotheses' tensors fetched at once).
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -26,26 +27,46 @@ from beamplugin.search.options import DecodingOptions
 from beamplugin.search.stopping import best_possible
 
 
+class StepStatus(NamedTuple):
+    """A step's search result as the host needs it (fetched with one synchronisation)."""
+
+    ending: Tensor  # [sentences, slots] which of the top beam candidates end in EOS
+    # some candidate ends, or (exact stopping) some sentence's live hypotheses cannot beat its
+    # worst finished one: the finalizer has work
+    acts: bool
+    # the best candidate is NaN somewhere (a NaN log-prob ranks first): fairseq's rule makes
+    # NaN log-probs -inf, and the step is searched again
+    nan: bool
+    bound: Tensor | None  # exact stopping: the best final score each sentence can reach
+
+
 class Finalizer:
     def __init__(self, options: DecodingOptions) -> None:
         self.options = options
         self.beam = options.beam_size
 
-    def status(self, res: BeamStep, slots: Slots) -> tuple[Tensor, Tensor | None]:
-        """On the host, per live sentence, which of the top beam candidates end in EOS, whether
-        the best candidate is NaN (a NaN log-prob would rank first: topk puts NaN on top) and,
-        for exact stopping, whether no live hypothesis can beat the worst finished one; with
-        exact stopping also that bound."""
-        columns = [res.finalize, res.cand_scores[:, :1].isnan()]
-        if self.options.stopping != "exact":
-            return to_host(torch.cat(columns, 1))[0], None
-        live = slots.live
-        bound = best_possible(
-            res.alive_scores[:, 0], [s.step for s in live], [s.max_len for s in live], self.options
-        )
-        columns.append(bound.le(slots.per_sentence["worst"]).unsqueeze(1))
-        status, bound = to_host(torch.cat(columns, 1), bound)
-        return status, bound
+    def status(self, res: BeamStep, slots: Slots) -> StepStatus:
+        """What the step's search means for its sentences, on the host (see StepStatus)."""
+        columns = [res.finalize]
+        if res.first_nan is not None:
+            columns.append(res.first_nan)
+        fetched = []
+        if self.options.stopping == "exact":
+            live = slots.live
+            bound = best_possible(
+                res.alive_scores[:, 0], [s.step for s in live], [s.max_len for s in live],
+                self.options,
+            )  # fmt: skip
+            columns.append(bound.le(slots.per_sentence["worst"]).unsqueeze(1))
+            fetched.append(bound)
+        if len(columns) == 1:  # the ending candidates say it all
+            (ending,) = to_host(res.finalize)
+            return StepStatus(ending, bool(ending.any()), False, None)
+        status, *fetched = to_host(torch.cat(columns, 1), *fetched)
+        slots_ = res.finalize.size(1)  # beam, or fewer with a tiny vocabulary
+        nan = res.first_nan is not None and bool(status[:, slots_].any())
+        bound = fetched[0] if fetched else None
+        return StepStatus(status[:, :slots_], bool(status.any()), nan, bound)
 
     def finish(
         self,

@@ -30,6 +30,9 @@ class BeamStep(NamedTuple):
     alive_beams: Tensor  # [bsz, beam] back-pointers of the next beam into the input beam
     alive_tokens: Tensor  # [bsz, beam] newest token of each next hypothesis
     alive_scores: Tensor  # [bsz, beam] cumulative score of each next hypothesis
+    # [bsz, 1] bool: the best candidate's score is NaN (torch.topk ranks NaN first: some
+    # log-prob was NaN); None where none can be (our kernel leaves any NaN to torch.topk)
+    first_nan: Tensor | None = None
 
 
 def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamStep:
@@ -73,6 +76,7 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         alive_beams=cand_beams.gather(1, order),
         alive_tokens=cand_tokens.gather(1, order),
         alive_scores=alive_scores,
+        first_nan=cand_scores[:, :1].isnan(),
     )
 
 
@@ -92,8 +96,17 @@ def concat_steps(first: BeamStep, second: BeamStep) -> BeamStep:
             cand_beams=F.pad(step.cand_beams, (0, missing)),
         )
 
-    return BeamStep(*(torch.cat(pair) for pair in zip(widened(first), widened(second),
-                                                      strict=True)))
+    def nan_column(step: BeamStep) -> Tensor:
+        if step.first_nan is not None:
+            return step.first_nan
+        return torch.zeros((step.cand_scores.size(0), 1), dtype=torch.bool,
+                           device=step.cand_scores.device)  # fmt: skip
+
+    first_nan = None
+    if first.first_nan is not None or second.first_nan is not None:
+        first_nan = torch.cat([nan_column(first), nan_column(second)])
+    pairs = zip(widened(first)[:-1], widened(second)[:-1], strict=True)
+    return BeamStep(*(torch.cat(pair) for pair in pairs), first_nan=first_nan)
 
 
 def step_laid_out(
