@@ -102,11 +102,15 @@ def concat_steps(first: BeamStep, second: BeamStep) -> BeamStep:
         return torch.zeros((step.cand_scores.size(0), 1), dtype=torch.bool,
                            device=step.cand_scores.device)  # fmt: skip
 
-    first_nan = None
+    first, second = widened(first), widened(second)
+    joined = {
+        name: torch.cat([getattr(first, name), getattr(second, name)])
+        for name in BeamStep._fields
+        if name != "first_nan"
+    }
     if first.first_nan is not None or second.first_nan is not None:
-        first_nan = torch.cat([nan_column(first), nan_column(second)])
-    pairs = zip(widened(first)[:-1], widened(second)[:-1], strict=True)
-    return BeamStep(*(torch.cat(pair) for pair in pairs), first_nan=first_nan)
+        joined["first_nan"] = torch.cat([nan_column(first), nan_column(second)])
+    return BeamStep(**joined)
 
 
 def step_laid_out(
