@@ -47,10 +47,9 @@ class Finalizer:
 
     def status(self, res: BeamStep, slots: Slots) -> StepStatus:
         """What the step's search means for its sentences, on the host (see StepStatus)."""
-        columns = [res.finalize]
+        columns, bound = [res.finalize], None
         if res.first_nan is not None:
             columns.append(res.first_nan)
-        fetched = []
         if self.options.stopping == "exact":
             live = slots.live
             bound = best_possible(
@@ -58,14 +57,15 @@ class Finalizer:
                 self.options,
             )  # fmt: skip
             columns.append(bound.le(slots.per_sentence["worst"]).unsqueeze(1))
-            fetched.append(bound)
         if len(columns) == 1:  # the ending candidates say it all
             (ending,) = to_host(res.finalize)
             return StepStatus(ending, bool(ending.any()), False, None)
-        status, *fetched = to_host(torch.cat(columns, 1), *fetched)
+        if bound is None:
+            (status,) = to_host(torch.cat(columns, 1))
+        else:
+            status, bound = to_host(torch.cat(columns, 1), bound)
         slots_ = res.finalize.size(1)  # beam, or fewer with a tiny vocabulary
         nan = res.first_nan is not None and bool(status[:, slots_].any())
-        bound = fetched[0] if fetched else None
         return StepStatus(status[:, :slots_], bool(status.any()), nan, bound)
 
     def finish(

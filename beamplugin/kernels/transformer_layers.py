@@ -307,8 +307,8 @@ class DecoderStep:
         if self._scratch_rows != (rows, width):
             self._lay_out_scratch(rows, width)
         step.logits = logits.data_ptr()
-        if attn is None:  # no alignment layer: nothing averaged
-            step.alignment, step.alignment_layer = None, -1
+        if attn is None:  # no alignment layer: nothing averaged (the C code reads NULL)
+            step.alignment = None
         else:
             step.alignment, step.alignment_width = attn.data_ptr(), attn.size(1)
             step.alignment_layer = alignment_layer
