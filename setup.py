@@ -34,7 +34,7 @@ setup(
     python_requires=">=3.11",
     package_data={
         "beamplugin.serving": ["page.html", "docs.html"],
-        "beamplugin.kernels": ["native/*.c", "native/*.h"],  # compiled on first use
+        "beamplugin.kernels": ["native/*.c", "native/*.h", "native/*/*.h"],  # built on first use
     },
     install_requires=INSTALL_REQUIRES,
     extras_require={

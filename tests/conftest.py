@@ -5,6 +5,8 @@ import torch
 from builders import BUILDERS, STREAM_SENTENCES, VOCAB_WORDS, word_dictionary
 from fairseq.data import Dictionary
 
+from beamplugin.kernels import instruction_sets, native_library
+
 
 @pytest.fixture
 def toy_dictionary() -> Dictionary:
@@ -48,3 +50,19 @@ def sentences(vocab: Dictionary) -> list[torch.Tensor]:
                    torch.tensor([vocab.eos()])])
         for n in lengths
     ]
+
+
+@pytest.fixture
+def kernels_for(monkeypatch):
+    """``kernels_for("avx2")`` (or "off", "generic", ...): our kernels of that set for the rest
+    of a test, as ``BEAMPLUGIN_ISA`` gives them a process (every kernel looked up again, and
+    again after the test). Models whose weights were prepared before keep their layouts: build
+    them after the switch."""
+
+    def switch(name: str) -> None:
+        monkeypatch.setenv(instruction_sets.CHOICE, name)
+        native_library.forget()
+
+    yield switch
+    monkeypatch.undo()
+    native_library.forget()

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from beamplugin.kernels import float_attention, native_library
+from beamplugin.kernels import float_attention
 
 needs_compiler = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler on this machine"
@@ -192,19 +192,14 @@ def test_bad_layouts_are_refused():
                                         torch.empty(4, EMBED), 0)  # fmt: skip
 
 
-def test_without_the_kernel_the_attention_is_not_served(monkeypatch, tmp_path):
-    monkeypatch.setenv(native_library.CACHE, str(tmp_path))
-    monkeypatch.setenv(native_library.DISABLE, "0")
-    native_library._load.cache_clear()
-    float_attention._kernels.cache_clear()
-    try:
-        with torch.no_grad():
-            assert not float_attention.serves(torch.zeros(2, EMBED))
-    finally:
-        monkeypatch.undo()
-        native_library._load.cache_clear()
-        float_attention._kernels.cache_clear()
+def test_without_the_kernel_the_attention_is_not_served(kernels_for):
+    heads = (HEADS, EMBED // HEADS)
     with torch.no_grad():
-        assert float_attention.serves(torch.zeros(2, EMBED)) == (shutil.which("cc") is not None)
-        assert not float_attention.serves(torch.zeros(2, EMBED, dtype=torch.bfloat16))
-    assert not float_attention.serves(torch.zeros(2, EMBED))  # autograd on
+        assert float_attention.serves(torch.zeros(2, EMBED), *heads) == (
+            shutil.which("cc") is not None
+        )
+        assert not float_attention.serves(torch.zeros(2, EMBED, dtype=torch.bfloat16), *heads)
+    assert not float_attention.serves(torch.zeros(2, EMBED), *heads)  # autograd on
+    kernels_for("off")
+    with torch.no_grad():
+        assert not float_attention.serves(torch.zeros(2, EMBED), *heads)

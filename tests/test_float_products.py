@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from beamplugin.kernels import float_products, native_library
+from beamplugin.kernels import float_products, instruction_sets, native_library
 from beamplugin.modules import linear as linear_module
 
 needs_compiler = pytest.mark.skipif(
@@ -126,7 +126,7 @@ def test_the_library_is_compiled_once_into_the_cache(tmp_path, monkeypatch, capl
 def test_without_the_kernel_products_take_torchs(how, tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(native_library.CACHE, str(tmp_path))
     if how == "switched off":
-        monkeypatch.setenv(native_library.DISABLE, "0")
+        monkeypatch.setenv(instruction_sets.CHOICE, "off")
     elif how == "no compiler":
         monkeypatch.setenv("CC", "no-such-compiler")
     else:
@@ -137,12 +137,11 @@ def test_without_the_kernel_products_take_torchs(how, tmp_path, monkeypatch, cap
         )
         fails.chmod(0o755)
         monkeypatch.setenv("CC", str(fails))
-    for cached in (native_library._load, float_products._kernel, linear_module.packed_dtypes):
-        cached.cache_clear()
+    native_library.forget()
     try:
-        with caplog.at_level(logging.INFO, logger=native_library.__name__):
+        with caplog.at_level(logging.INFO, logger="beamplugin.kernels"):
             assert not float_products.available()
-        expected = {"switched off": "BEAMPLUGIN_NATIVE=0", "no compiler": "no C compiler",
+        expected = {"switched off": "BEAMPLUGIN_ISA=off", "no compiler": "no C compiler",
                     "compiler fails": "out of luck"}[how]  # fmt: skip
         assert expected in caplog.text
         weight, bias = weights((1032, 256), seed=4)
@@ -155,8 +154,8 @@ def test_without_the_kernel_products_take_torchs(how, tmp_path, monkeypatch, cap
         with pytest.raises(RuntimeError, match="unavailable"):
             float_products.product(x, float_products.pack(weight), bias)
     finally:
-        for cached in (native_library._load, float_products._kernel, linear_module.packed_dtypes):
-            cached.cache_clear()
+        monkeypatch.undo()
+        native_library.forget()
 
 
 @needs_compiler

@@ -5,7 +5,7 @@ included, for any rows; and torch's path where the CPU or the machine cannot run
 import pytest
 import torch
 
-from beamplugin.kernels import int8_products, native_library
+from beamplugin.kernels import int8_products
 from beamplugin.modules import linear
 
 needs_kernel = pytest.mark.skipif(
@@ -58,20 +58,12 @@ def test_a_rows_bits_do_not_depend_on_its_batch_or_the_threads():
         int8_products.product(torch.randn(2, 255), ours.panels, ours.scales, None, 1e-30)
 
 
-def test_without_the_kernel_int8_takes_torchs_path(monkeypatch, tmp_path):
-    monkeypatch.setenv(native_library.CACHE, str(tmp_path))
-    monkeypatch.setenv(native_library.DISABLE, "0")
-    native_library._load.cache_clear()
-    int8_products._kernel.cache_clear()
-    try:
-        torch.manual_seed(2)
-        weight = torch.randn(64, 32)
-        packed = linear.pack_int8(weight, None)
-        assert packed.panels is None
-        x = torch.randn(3, 32)
-        expected = torch.nn.functional.linear(x, weight)
-        torch.testing.assert_close(linear.int8_linear(x, packed), expected, rtol=0.05, atol=0.2)
-    finally:
-        monkeypatch.undo()
-        native_library._load.cache_clear()
-        int8_products._kernel.cache_clear()
+def test_without_the_kernel_int8_takes_torchs_path(kernels_for):
+    kernels_for("off")
+    torch.manual_seed(2)
+    weight = torch.randn(64, 32)
+    packed = linear.pack_int8(weight, None)
+    assert packed.panels is None
+    x = torch.randn(3, 32)
+    expected = torch.nn.functional.linear(x, weight)
+    torch.testing.assert_close(linear.int8_linear(x, packed), expected, rtol=0.05, atol=0.2)

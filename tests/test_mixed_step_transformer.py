@@ -14,14 +14,10 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.kernels import (
-    candidates,
     float_attention,
-    float_products,
-    native_library,
-    transformer_layers,
 )
 from beamplugin.models.mixed_step_transformer import MixedStepTransformer
-from beamplugin.modules import linear, self_attention_history
+from beamplugin.modules import self_attention_history
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,17 +56,9 @@ def test_each_variant_mixes_steps_with_fairseqs_results(vocab, sentences, varian
 
 
 @pytest.fixture
-def torch_kernels_only(monkeypatch):
+def torch_kernels_only(kernels_for):
     """Our kernels off (as without a C compiler): torch's, as on a GPU or in half precision."""
-    caches = (native_library._load, float_products._kernel, float_attention._kernels)
-    caches += (linear.packed_dtypes, candidates._kernel, transformer_layers._kernels)
-    monkeypatch.setenv(native_library.DISABLE, "0")
-    for cache in caches:
-        cache.cache_clear()
-    yield
-    monkeypatch.undo()
-    for cache in caches:
-        cache.cache_clear()
+    kernels_for("off")
 
 
 def test_torchs_operations_give_the_same_results(vocab, sentences, torch_kernels_only):
@@ -80,7 +68,7 @@ def test_torchs_operations_give_the_same_results(vocab, sentences, torch_kernels
     options = dict(beam_size=4, max_len_a=1.0, max_len_b=2)
     gen = SequenceGenerator([model], vocab, **options)
     with torch.no_grad():
-        assert not float_attention.serves(torch.zeros(1, 8))
+        assert not float_attention.serves(torch.zeros(1, 8), 2, 4)
     sample = make_batch(vocab, 8, seed=3)
     expected = FairseqGenerator([model], vocab, **options).generate([model], sample)
     assert_same(expected, gen.generate([model], sample))

@@ -5,24 +5,24 @@ order is torch's own choice (equal scores, NaN), ``torch.topk`` makes it."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import native_library
+from beamplugin.kernels import native_library, trials
 from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
+from beamplugin.kernels.trials import Trial
 
 
-@functools.cache
+@native_library.cached
 def _kernel() -> Callable[..., Any] | None:
     argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, POINTER, POINTER, INT]
     return native_library.function("candidates", "top_candidates", argtypes, SIZE)
 
 
-@functools.cache
+@native_library.cached
 def _step_kernel() -> Callable[..., Any] | None:
     argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, SIZE]
     argtypes += [POINTER] * 7 + [INT]
@@ -30,8 +30,26 @@ def _step_kernel() -> Callable[..., Any] | None:
 
 
 def serves(lprobs: Tensor) -> bool:
-    """Whether ``lprobs``' candidates can be found here: float32 on the CPU, kernel built."""
-    return lprobs.dtype == torch.float32 and lprobs.is_cpu and _kernel() is not None
+    """Whether ``lprobs``' candidates are found here: float32 on the CPU, kernel built, and
+    faster than torch's add and topk at its beams and vocabulary (beamplugin.kernels.trials;
+    the candidates are the same either way)."""
+    if lprobs.dtype != torch.float32 or not lprobs.is_cpu or _kernel() is None:
+        return False
+    shape = tuple(lprobs.shape[1:])
+    return trials.ours_is_faster("candidates", shape, lambda: _trial(*shape))
+
+
+def _trial(beams: int, vocab: int) -> Trial:
+    """Our candidates against torch's add and topk, for one sentence and for 16."""
+    inputs = []
+    for sentences in (1, 16):
+        lprobs = torch.randn(sentences, beams, vocab).log_softmax(-1)
+        inputs.append((lprobs, torch.randn(sentences, beams), min(2 * beams, beams * vocab)))
+
+    def torchs(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        return torch.topk((lprobs + scores.unsqueeze(2)).view(lprobs.size(0), -1), k)
+
+    return Trial(top_candidates, torchs, inputs)
 
 
 def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:

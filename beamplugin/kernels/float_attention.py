@@ -12,18 +12,18 @@ batched.
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import native_library
+from beamplugin.kernels import native_library, trials
 from beamplugin.kernels.native_library import INT, POINTER, SIZE, threads_for
+from beamplugin.kernels.trials import Trial
 
 
-@functools.cache
+@native_library.cached
 def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """attention.c's ``self_attention`` and ``cross_attention`` (None where it cannot be
     built)."""
@@ -38,15 +38,49 @@ def _kernels() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     return self_attention, cross_attention
 
 
-def serves(x: Tensor) -> bool:
-    """Whether ``x``'s attention can run here: float32, on the CPU, without autograd, with the
-    kernel built."""
+def serves(x: Tensor, heads: int, head_dim: int) -> bool:
+    """Whether ``x``'s attention over ``heads`` of ``head_dim`` runs here: float32, on the CPU,
+    without autograd, and :func:`taken` at that shape."""
     return (
         x.dtype == torch.float32
         and x.device.type == "cpu"
         and not torch.is_grad_enabled()
-        and _kernels() is not None
+        and taken(heads, head_dim)
     )
+
+
+def taken(heads: int, head_dim: int) -> bool:
+    """Whether our kernels are built and faster than torch's for attention over ``heads`` of
+    ``head_dim`` (beamplugin.kernels.trials)."""
+    return _kernels() is not None and trials.ours_is_faster(
+        "attention", (heads, head_dim), lambda: _trial(heads, head_dim)
+    )
+
+
+def _trial(heads: int, head_dim: int, rows: int = 5, width: int = 16, src: int = 24) -> Trial:
+    """A decoder step's two attentions (``rows`` of one sentence, ``width`` steps of history,
+    ``src`` source positions) by our kernels against torch's batched products and softmax."""
+    embed = heads * head_dim
+    qkv = torch.randn(rows, 3 * embed)
+    keys, values = torch.randn(2, rows, heads, width, head_dim)
+    sources = torch.arange(rows).unsqueeze(1).expand(rows, width).contiguous()
+    bias = torch.zeros(rows, width)
+    memory = torch.randn(1, heads, head_dim, src), torch.randn(1, heads, src, head_dim)
+    pad = torch.zeros(1, 1, 1, src)
+
+    def ours() -> None:
+        self_attention(qkv, keys, values, sources, bias)
+        cross_attention(qkv[:, :embed], *memory, pad, torch.empty(rows, embed), False)
+
+    def torchs() -> None:
+        q = qkv[:, :embed].reshape(rows * heads, 1, head_dim)
+        for k, v in ((keys, values), (memory[0].transpose(2, 3), memory[1])):
+            k = k.expand(rows, heads, -1, head_dim).reshape(rows * heads, -1, head_dim)
+            v = v.expand(rows, heads, -1, head_dim).reshape(rows * heads, -1, head_dim)
+            scores = torch.baddbmm(bias.new_zeros(1, 1, k.size(1)), q, k.transpose(1, 2))
+            torch.bmm(scores.softmax(-1), v).view(rows, embed)
+
+    return Trial(ours, torchs, [()])
 
 
 def self_attention(

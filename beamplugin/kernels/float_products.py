@@ -13,7 +13,6 @@ round once, as oneDNN's matmul with its post-ops does.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -39,7 +38,7 @@ class Panels(NamedTuple):
     in_features: int
 
 
-@functools.cache
+@native_library.cached
 def _kernel() -> Callable[..., Any] | None:
     """products.c's ``products`` (float32, a layer norm after it optional), loaded once a process
     (None where it cannot be built)."""
@@ -47,7 +46,7 @@ def _kernel() -> Callable[..., Any] | None:
     return native_library.function("products", "products", signature)
 
 
-@functools.cache
+@native_library.cached
 def _bf16_kernel() -> Callable[..., Any] | None:
     """bf16_products.c's ``bf16_products`` (None where it cannot be built or the CPU has no
     AVX512-BF16)."""
@@ -122,7 +121,7 @@ def product(
     return y
 
 
-@functools.cache
+@native_library.cached
 def _norm_kernel() -> Callable[..., Any] | None:
     """products.c's ``layer_norm_rows`` (None where it cannot be built)."""
     signature = [POINTER, SIZE, POINTER, SIZE, SIZE, SIZE, POINTER, POINTER, FLOAT, INT]

@@ -10,7 +10,6 @@ same bits (tested).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -37,7 +36,7 @@ class Int8Panels(NamedTuple):
     in_features: int
 
 
-@functools.cache
+@native_library.cached
 def _kernel() -> Callable[..., Any] | None:
     """int8_products.c's ``int8_products`` (None where it cannot be built or the CPU has no
     AVX512-VNNI)."""

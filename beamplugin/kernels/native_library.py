@@ -1,11 +1,14 @@
-"""C code of ours compiled on the machine that runs it, for its CPU, and loaded with ctypes.
+"""C code of ours compiled on the machine that runs it, for the instruction set this process
+runs (beamplugin.kernels.instruction_sets), and loaded with ctypes.
 
-A source in ``beamplugin/kernels/native/`` is compiled once per source, compiler, flags and CPU
-(``-march=native``: AVX-512 where the CPU has it, AVX2 where not) into a cache folder, then
-loaded from there by every later process. No build step at install time and no Python or torch
-headers: a C compiler is all it needs, and it takes well under a second. Without one, or with
-``BEAMPLUGIN_NATIVE=0``, :func:`load` says why in the log and returns None, and callers keep
-torch's own kernels. Why not ``torch.utils.cpp_extension`` or cffi: docs/dependencies.md.
+A source in ``beamplugin/kernels/native/`` is compiled once per source, headers, compiler and
+set (its target flags: ``-march=x86-64-v4`` for AVX-512, ``-march=x86-64-v3`` for AVX2, none for
+generic; never ``-march=native``, which a compiler may map to a tuning it does not know) into a
+cache folder, then loaded from there by every later process. No build step at install time and
+no Python or torch headers: a C compiler is all it needs, and it takes well under a second.
+Without one, or with ``BEAMPLUGIN_ISA=off``, :func:`load` says why in the log and returns None,
+and callers keep torch's own kernels. Why not ``torch.utils.cpp_extension`` or cffi:
+docs/dependencies.md.
 """
 
 from __future__ import annotations
@@ -20,23 +23,50 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
+from beamplugin.kernels import instruction_sets
+from beamplugin.kernels.instruction_sets import InstructionSet
+
 logger = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).parent / "native"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-fPIC", "-shared")
+FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared")  # and the set's (instruction_sets.build_flags)
 # C types of the kernels' arguments
 POINTER, SIZE, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 # Below this many multiply-adds a kernel call runs on one thread: starting the others costs more
 # (2 threads, AVX512 EPYC: 5 rows of 1024 x 256, 0.26M, 10.9 against 6.4 us; 5 x 256 x 256,
 # 0.33M, 5.2 against 4.5 us; docs/speed.md).
 PARALLEL_WORK = 1 << 17
-DISABLE = "BEAMPLUGIN_NATIVE"  # "0": do not compile or load native code
 CACHE = "BEAMPLUGIN_CACHE"  # where compiled libraries are kept (default ~/.cache/beamplugin)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_FORGET: list[Callable[[], None]] = []  # what :func:`forget` clears
+
+
+def cached(lookup: _F) -> _F:
+    """A kernel lookup (a kernel module's ``_kernel()``) made once a process, until
+    :func:`forget`."""
+    once = functools.cache(lookup)
+    _FORGET.append(once.cache_clear)
+    return once  # type: ignore[return-value]
+
+
+def on_forget(clear: Callable[[], None]) -> None:
+    """``clear()`` at every :func:`forget` (what a module keeps of the kernels it chose)."""
+    _FORGET.append(clear)
+
+
+def forget() -> None:
+    """Choose the set and look every kernel up again (after ``BEAMPLUGIN_ISA`` or the cache
+    folder changed: tests and benchmarks)."""
+    instruction_sets.forget()
+    _load.cache_clear()
+    for clear in _FORGET:
+        clear()
 
 
 def cache_folder() -> Path:
@@ -46,30 +76,25 @@ def cache_folder() -> Path:
     return Path(base) / "beamplugin"
 
 
-def cpu_flags() -> str:
-    """The CPU's feature flags as /proc/cpuinfo lists them ('' where there is no such file)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def load(name: str) -> ctypes.CDLL | None:
-    """The library built from ``native/<name>.c`` for this CPU, or None (logged once) where
-    it cannot be built here."""
-    return _load(name, os.environ.get(DISABLE, "1") != "0", os.environ.get("CC", "cc"))
+def load(name: str, isa: InstructionSet | None = None) -> ctypes.CDLL | None:
+    """The library built from ``native/<name>.c`` for ``isa`` (default: the set this process
+    runs), or None (logged once) where it cannot be built here or the kernels are off."""
+    isa = isa or instruction_sets.chosen()
+    if isa is None:
+        return None
+    return _load(name, isa, os.environ.get("CC", "cc"))
 
 
 def function(
-    name: str, symbol: str, argtypes: Sequence[Any], restype: Any = None
+    name: str,
+    symbol: str,
+    argtypes: Sequence[Any],
+    restype: Any = None,
+    isa: InstructionSet | None = None,
 ) -> Callable[..., Any] | None:
     """``symbol`` of the library :func:`load` gives for ``name``, with its C signature (None
     where the library cannot be built here)."""
-    library = load(name)
+    library = load(name, isa)
     if library is None:
         return None
     kernel = getattr(library, symbol)
@@ -80,8 +105,8 @@ def function(
 def function_for_this_cpu(
     name: str, available: str, symbol: str, argtypes: Sequence[Any], restype: Any = None
 ) -> Callable[..., Any] | None:
-    """:func:`function`'s ``symbol``, where the library's ``available()`` says this CPU has the
-    instructions it needs (files that need AVX512-VNNI or -BF16 export only that elsewhere)."""
+    """:func:`function`'s ``symbol``, where the library's ``available()`` says this build has
+    the instructions it needs (files that need AVX512-BF16, say, export only that elsewhere)."""
     check = function(name, available, [], ctypes.c_int)
     if check is None or not check():
         return None
@@ -93,6 +118,13 @@ def address(name: str, symbol: str) -> int | None:
     where the library cannot be built here); its ctypes signature is left as it is."""
     library = load(name)
     return None if library is None else ctypes.cast(getattr(library, symbol), ctypes.c_void_p).value
+
+
+def built_for(name: str) -> str:
+    """The set (and int8 code) ``name``'s library was built for, as it says itself: what the
+    log and the benchmarks print; "off" where it is not built."""
+    described = function(name, "instruction_set", [], ctypes.c_char_p)
+    return "off" if described is None else described().decode()
 
 
 def threads_for(work: int) -> int:
@@ -146,35 +178,41 @@ def panels(weight: Tensor, group: int, panel: int = 32) -> Tensor:
 
 
 @functools.cache
-def _load(name: str, enabled: bool, compiler: str) -> ctypes.CDLL | None:
-    if not enabled:
-        logger.info("native kernels off (%s=0): torch's kernels instead", DISABLE)
-        return None
+def _load(name: str, isa: InstructionSet, compiler: str) -> ctypes.CDLL | None:
     source = SOURCES / f"{name}.c"
     try:
-        library = _built(source, compiler)
+        library = _built(source, compiler, isa)
         return ctypes.CDLL(str(library))
     except (OSError, subprocess.SubprocessError, RuntimeError) as error:
         logger.warning("native kernels unavailable (%s): torch's kernels instead", error)
         return None
 
 
-def _built(source: Path, compiler: str) -> Path:
-    """``source`` compiled into the cache folder, unless it is there already."""
+@functools.cache
+def sources_digest() -> str:
+    """A digest of every source and header of our kernels: their code version."""
+    key = hashlib.sha256()
+    for path in sorted(SOURCES.rglob("*")):
+        if path.suffix in (".c", ".h"):
+            key.update(str(path.relative_to(SOURCES)).encode())
+            key.update(path.read_bytes())
+    return key.hexdigest()[:16]
+
+
+def _built(source: Path, compiler: str, isa: InstructionSet) -> Path:
+    """``source`` compiled for ``isa`` into the cache folder, unless it is there already."""
     path = shutil.which(compiler)
     if path is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
     version = subprocess.run(
         [path, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
+    flags = (*FLAGS, *instruction_sets.build_flags(isa))
     key = hashlib.sha256()
-    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]  # what sources include
-    for part in (source.read_bytes(), *headers, path.encode(), version.encode()):
-        key.update(part)
-    key.update(" ".join(FLAGS).encode())
-    key.update(cpu_flags().encode())
+    for part in (source.name, sources_digest(), path, version, " ".join(flags)):
+        key.update(part.encode())
     folder = cache_folder()
-    library = folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    library = folder / f"{source.stem}-{isa.name}-{key.hexdigest()[:16]}.so"
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
@@ -183,7 +221,7 @@ def _built(source: Path, compiler: str) -> Path:
     os.close(handle)
     try:
         done = subprocess.run(
-            [path, *FLAGS, "-o", partial, str(source)],
+            [path, *flags, "-o", partial, str(source)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -194,5 +232,5 @@ def _built(source: Path, compiler: str) -> Path:
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
-    logger.info("compiled %s for this CPU into %s", source.name, library)
+    logger.info("compiled %s for %s into %s", source.name, isa.name, library)
     return library

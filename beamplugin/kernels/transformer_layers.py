@@ -8,7 +8,6 @@ the same order, so with the same bits. The weights' pointers are set once per
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 from typing import Any, NamedTuple
 
@@ -117,7 +116,7 @@ class _Sources(ctypes.Structure):
     _fields_ += [("keys", _P), ("values", _P)]
 
 
-@functools.cache
+@native_library.cached
 def _kernels() -> tuple[Any, list[int | None]] | None:
     """transformer_layers.c's entry and the addresses of the kernels it calls (None where any of
     them cannot be built)."""

@@ -159,7 +159,9 @@ class PooledTransformerEncoder(nn.Module):
         )
         x = x.reshape(sentences * width, -1)
         in_kernel = weights.encoder_in_kernel
-        if in_kernel is not None and float_attention.serves(x):
+        if in_kernel is not None and float_attention.serves(
+            x, in_kernel.heads, in_kernel.head_dim
+        ):
             x = in_kernel(x.contiguous(), sentences, bias[..., src - width :])
         else:
             for layer, prepared in zip(encoder.layers, weights.encoder_layers, strict=True):
@@ -245,7 +247,7 @@ class MixedStepTransformerDecoder(nn.Module):
         # -inf before each row's own steps (masked whether or not any is padding: no host sync)
         own_bias = x.new_full((rows, width), -math.inf)
         own_bias[:, width - steps :].masked_fill_(tokens.ne(self.pad), 0.0)
-        native = float_attention.serves(x)
+        native = float_attention.serves(x, self.heads, self.head_dim)
         if not native:  # torch's batched products take [rows x heads, 1, width]
             own_bias = own_bias.view(rows, 1, 1, width).expand(rows, self.heads, 1, width)
             own_bias = own_bias.reshape(-1, 1, width)
@@ -456,7 +458,7 @@ def _encoder_self_attention(
     tokens, embed = x.shape
     width, src = tokens // sentences, bias.size(3)
     qkv = prepared.self_qkv(x).view(sentences, width, 3, heads, head_dim)
-    if float_attention.serves(x):  # each row and head alone: the lanes change no bit
+    if float_attention.serves(x, heads, head_dim):  # each row and head alone: no bit changes
         keys = qkv[:, :, 1].permute(0, 2, 3, 1).contiguous()
         values = qkv[:, :, 2].transpose(1, 2).contiguous()
         context = torch.empty_like(x)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import nn
 
-from beamplugin.kernels import transformer_layers
+from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.kernels.float_products import Panels
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
 
@@ -146,7 +146,10 @@ def _in_kernel(
     float32 or int8 kernel (not half precision, not torch's), the activation a relu, every norm
     affine, and the embedding plain (fairseq's scaled tokens plus positions); else None (the
     step runs one call at a time)."""
-    if not transformer_layers.available():
+    attention = decoder.layers[0].self_attn
+    if not transformer_layers.available() or not float_attention.taken(
+        attention.num_heads, attention.head_dim
+    ):
         return None
     ends = _ends(decoder, output)
     plan = [_layer_plan(*pair) for pair in zip(decoder.layers, layers, strict=True)]
@@ -163,7 +166,10 @@ def _encoder_in_kernel(
 ) -> transformer_layers.EncoderLayers | None:
     """The encoder's layers in one call of beamplugin.kernels.transformer_layers, on the terms of
     :func:`_in_kernel`; else None (one call at a time)."""
-    if not transformer_layers.available():
+    attention = encoder.layers[0].self_attn
+    if not transformer_layers.available() or not float_attention.taken(
+        attention.num_heads, attention.head_dim
+    ):
         return None
     plan = [_layer_plan(*pair) for pair in zip(encoder.layers, layers, strict=True)]
     if None in plan:

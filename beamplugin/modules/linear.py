@@ -29,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from beamplugin.kernels import float_products, int8_products
+from beamplugin.kernels import float_products, int8_products, native_library, trials
 from beamplugin.kernels.float_products import Panels
 from beamplugin.kernels.int8_products import Int8Panels
+from beamplugin.kernels.trials import Trial
 
 
 def native_on_cpu(dtype: torch.dtype) -> bool:
@@ -69,6 +70,9 @@ ONEDNN_DTYPES = frozenset(
 # against x1.06-1.11 and x1.40-1.43 with them in float32: docs/speed.md); smaller ones, where
 # the quantization's own operations cost more than the product, stay float32.
 INT8_MIN_WEIGHTS = 1 << 16
+# The rows our product kernels are timed at against torch's for a weight's shape
+# (beamplugin.kernels.trials): a decoder step's at beam 5, and a batch's of 16 sentences.
+TRIAL_ROWS = (5, 80)
 
 
 def _int8_products_are_exact(weight_levels: int) -> bool:
@@ -114,8 +118,20 @@ def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
     w = weight.detach().float()
     scales = (w.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
     values = torch.round(w / scales[:, None]).to(torch.int8)
-    panels = int8_products.pack(values) if int8_products.available() else None
-    return Int8Weight(values, scales, None if bias is None else bias.detach().float(), panels)
+    bias = None if bias is None else bias.detach().float()
+    int8 = Int8Weight(values, scales, bias)
+    if int8_products.available() and trials.ours_is_faster(
+        "int8_products", tuple(values.shape), lambda: _int8_trial(int8)
+    ):
+        int8 = int8._replace(panels=int8_products.pack(values))
+    return int8
+
+
+def _int8_trial(torchs: Int8Weight) -> Trial:
+    """Our int8 kernel against torch's int8 path at a weight's shape (the same bits)."""
+    ours = torchs._replace(panels=int8_products.pack(torchs.values))
+    inputs = [(torch.randn(rows, torchs.values.size(1)),) for rows in TRIAL_ROWS]
+    return Trial(lambda x: int8_linear(x, ours), lambda x: int8_linear(x, torchs), inputs)
 
 
 def int8_linear(
@@ -158,7 +174,7 @@ def int8_linear(
 PackedWeight = Panels | Tensor  # our kernels' panels, or oneDNN's layout
 
 
-@functools.cache
+@native_library.cached
 def packed_dtypes() -> frozenset[torch.dtype]:
     """The dtypes whose products run on packed weights: float32 where our kernel is built (it
     is compiled on first use), and :data:`ONEDNN_DTYPES`."""
@@ -196,11 +212,33 @@ def linear(
 
 def pack_weight(weight: Tensor) -> PackedWeight | None:
     """``weight`` laid out for :func:`packed_product`: our kernels' panels for float32 where
-    they are built and for bfloat16 on AVX512-BF16 CPUs, else oneDNN's layout (None where torch
-    has no packing)."""
-    if float_products.available(weight.dtype):
+    they are built and for bfloat16 on AVX512-BF16 CPUs, and faster than torch's at this shape
+    (beamplugin.kernels.trials), else oneDNN's layout (None where torch has no packing)."""
+    weight = weight.detach()
+    if float_products.available(weight.dtype) and trials.ours_is_faster(
+        "products", (str(weight.dtype), *weight.shape), lambda: _products_trial(weight)
+    ):
         return float_products.pack(weight)
-    return None if _onednn_pack is None else _onednn_pack(weight, None)
+    return _torchs_layout(weight)
+
+
+def _torchs_layout(weight: Tensor) -> Tensor | None:
+    if _onednn_pack is None or weight.dtype not in ONEDNN_DTYPES:
+        return None
+    return _onednn_pack(weight, None)
+
+
+def _products_trial(weight: Tensor) -> Trial:
+    """Our product kernel against torch's (oneDNN's on its packed weight, or ``F.linear``) at
+    ``weight``'s shape."""
+    ours = float_products.pack(weight)
+    theirs = _torchs_layout(weight)
+    inputs = [(torch.randn(rows, weight.size(1)).to(weight.dtype),) for rows in TRIAL_ROWS]
+
+    def torchs(x: Tensor) -> Tensor:
+        return F.linear(x, weight) if theirs is None else packed_product(x, theirs, None)
+
+    return Trial(lambda x: float_products.product(x, ours, None), torchs, inputs)
 
 
 def packed_product(

@@ -6,14 +6,14 @@
  * Every (row, head) is computed alone, in the same order whatever the rows beside it, the width
  * of the buffers, the columns masked (-inf in the bias: skipped, as they weigh exactly 0) or the
  * thread: a row gets the same bits alone or batched. exp is Cephes' expf polynomial (within 2
- * ulp; torch's own differs from libm's as much). Vectors are GCC's, compiled with -march for
- * this CPU.
+ * ulp; torch's own differs from libm's as much). Vectors are the instruction set's (isa.h), their
+ * sums in its fixed order: the same bits on every set that fuses multiply-adds.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "vectors.h"
+#include "isa.h"
 
 /* exp(x) for x <= 0, 0 below -87.3 (-inf included) */
 static inline float exp_nonpositive(float x)
@@ -21,15 +21,15 @@ static inline float exp_nonpositive(float x)
     const float low = -87.33654f;
     float clamped = x < low ? low : x;
     float n = __builtin_rintf(clamped * 1.44269504088896341f);
-    float r = clamped - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+    float r = fma1(-n, 0.693359375f, clamped);
+    r = fma1(-n, -2.12194440e-4f, r);
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    p = fma1(p, r, 1.3981999507e-3f);
+    p = fma1(p, r, 8.3334519073e-3f);
+    p = fma1(p, r, 4.1665795894e-2f);
+    p = fma1(p, r, 1.6666665459e-1f);
+    p = fma1(p, r, 5.0000001201e-1f);
+    p = fma1(p * r, r, r) + 1.0f;
     int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
@@ -55,13 +55,13 @@ static void softmax(float *s, int64_t width)
 /* a . b: 16 lanes of partial sums folded in halves, a fixed order */
 static inline float dot(const float *a, const float *b, int64_t n)
 {
-    v16 acc = {0};
+    v16 acc = zero16();
     int64_t d = 0;
     for (; d + 16 <= n; d += 16)
-        acc += load16(a + d) * load16(b + d);
+        acc = fma16(load16(a + d), load16(b + d), acc);
     float s = lanes_sum(acc);
     for (; d < n; d++)
-        s += a[d] * b[d];
+        s = fma1(a[d], b[d], s);
     return s;
 }
 
@@ -75,14 +75,14 @@ static inline void weigh_sources(const float *p, const float *values, const int6
 #define COLUMN(j) (values + (rows ? rows[j] * row_stride : 0) + (j) * head_dim)
     int64_t d = 0;
     for (; d + 64 <= head_dim; d += 64) {
-        v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+        v16 a0 = zero16(), a1 = zero16(), a2 = zero16(), a3 = zero16();
         for (int64_t j = 0; j < width; j++) {
             if (p[j] > 0.0f) {
                 const float *v = COLUMN(j) + d;
-                a0 += p[j] * load16(v);
-                a1 += p[j] * load16(v + 16);
-                a2 += p[j] * load16(v + 32);
-                a3 += p[j] * load16(v + 48);
+                a0 = scaled_fma16(p[j], load16(v), a0);
+                a1 = scaled_fma16(p[j], load16(v + 16), a1);
+                a2 = scaled_fma16(p[j], load16(v + 32), a2);
+                a3 = scaled_fma16(p[j], load16(v + 48), a3);
             }
         }
         store16(out + d, a0);
@@ -91,17 +91,17 @@ static inline void weigh_sources(const float *p, const float *values, const int6
         store16(out + d + 48, a3);
     }
     for (; d + 16 <= head_dim; d += 16) {
-        v16 acc = {0};
+        v16 acc = zero16();
         for (int64_t j = 0; j < width; j++)
             if (p[j] > 0.0f)
-                acc += p[j] * load16(COLUMN(j) + d);
+                acc = scaled_fma16(p[j], load16(COLUMN(j) + d), acc);
         store16(out + d, acc);
     }
     for (; d < head_dim; d++) {
         float acc = 0.0f;
         for (int64_t j = 0; j < width; j++)
             if (p[j] > 0.0f)
-                acc += p[j] * COLUMN(j)[d];
+                acc = fma1(p[j], COLUMN(j)[d], acc);
         out[d] = acc;
     }
 #undef COLUMN
@@ -180,7 +180,7 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
                 float a = query[d];
                 const float *k_row = k + d * k_dim;
                 for (int64_t j = 0; j < src; j++)
-                    s[j] += a * k_row[j];
+                    s[j] = fma1(a, k_row[j], s[j]);
             }
             for (int64_t j = 0; j < src; j++)
                 s[j] = sentence_bias[j] == -INFINITY ? -INFINITY : sentence_bias[j] + s[j];

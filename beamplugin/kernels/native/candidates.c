@@ -13,26 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "vectors.h"
-
-/* whether a lane is >= least, or NaN */
-#ifdef __AVX512F__
-#include <immintrin.h>
-static inline int any_candidate(v16 v, float least)
-{
-    return _mm512_cmp_ps_mask((__m512)v, _mm512_set1_ps(least), _CMP_NLT_UQ) != 0;
-}
-#else
-typedef int32_t v16i __attribute__((vector_size(64)));
-static inline int any_candidate(v16 v, float least)
-{
-    v16i above = (v >= least) | (v != v); /* lanes of -1 where not below (or NaN) */
-    uint64_t parts[8];
-    memcpy(parts, &above, sizeof parts);
-    return (parts[0] | parts[1] | parts[2] | parts[3] | parts[4] | parts[5] | parts[6] |
-            parts[7]) != 0;
-}
-#endif
+#include "isa.h"
 
 /* The highest score met equal to one kept at the time: torch's order decides only if it is
  * still among the k best at the end (a tie the scan later passes by does not count). */
@@ -97,14 +78,16 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
                     consider(value, first + v, best, where, &count, k, &tie);
             }
             for (; v + 16 <= vocab; v += 16) {
-                v16 sums = load16(row + v) + score;
-                if (!any_candidate(sums, best[k - 1]))
+                v16 sums = plus16(load16(row + v), score);
+                if (!any_not_below16(sums, best[k - 1]))
                     continue;
+                float lane[16];
+                store16(lane, sums);
                 for (int j = 0; j < 16; j++) {
-                    if (sums[j] != sums[j])
+                    if (lane[j] != lane[j])
                         nan = 1;
                     else
-                        consider(sums[j], first + v + j, best, where, &count, k, &tie);
+                        consider(lane[j], first + v + j, best, where, &count, k, &tie);
                 }
             }
             for (; v < vocab; v++) {

@@ -1,63 +1,109 @@
 /* Float32 matrix products for inference, y = x W^T + b (then relu, or plus a residual), on a
  * weight packed once into column panels: panel p holds W[32p : 32p + 32, :] transposed, K rows
- * of 32 floats, zero past W's last row.
+ * of 32 floats, zero past W's last row. The same panels on every instruction set.
  *
  * Each output element is summed over k in order, one fused multiply-add at a time, whatever the
- * number of rows, the row blocking, the panel or the thread that computes it: a row's result
+ * number of rows, the register tile, the panel or the thread that computes it: a row's result
  * has the same bits alone or among any rows, which is what lets a sentence decode the same
- * alone or batched. Vectors are GCC's (compiled with -march for this CPU): 16 floats are one
- * AVX-512 register or two AVX2 ones. docs/speed.md has the measurements behind it.
+ * alone or batched, and the same bits on every set that fuses multiply-adds. The register tile
+ * (TILE_ROWS rows x TILE_VECTORS vectors of a panel's columns) is the set's (isa/*.h), sized so
+ * that no accumulator leaves its register. docs/speed.md has the measurements behind it.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#define NR 32
-/* How far ahead a panel's first row block asks for the panel's rows: at a decoder step's few
- * rows the weights come from memory, and the hardware's own prefetch alone left a 3-layer
- * transformer's products 1.5x slower (docs/speed.md). */
+#include "isa.h"
+
+#define PANEL 32
+#define TILE_COLUMNS (TILE_VECTORS * LANES)
+/* How far ahead a panel's first tile asks for the panel's rows: at a decoder step's few rows
+ * the weights come from memory, and the hardware's own prefetch alone left a 3-layer
+ * transformer's products 1.5x slower (docs/speed.md). Both cache lines of a 32-float row are
+ * asked for, so a set whose tile is 16 columns wide finds the second half in cache. */
 #define PREFETCH_ROWS 128
-#ifdef __AVX512F__
-#define MR 8 /* 16 accumulators of 32 registers */
-#else
-#define MR 3 /* 12 accumulators of 16 registers */
-#endif
 
-#include "vectors.h"
+const char *instruction_set(void) { return ISA_NAME; }
 
-static inline __attribute__((always_inline)) void rows_of_panel(
+/* rows (at most TILE_ROWS) x `width` (at most TILE_COLUMNS) outputs from the tile's columns of
+ * a panel (`panel` points at them; its rows are PANEL floats apart) */
+static inline __attribute__((always_inline)) void tile(
     int rows, const float *x, int64_t ldx, const float *panel, int64_t k_len,
     const float *bias, const float *residual, int64_t ldr, float *y, int64_t ldy,
     int64_t width, int relu, int prefetch)
 {
-    v16 acc[MR][2];
-    for (int i = 0; i < rows; i++) {
-        acc[i][0] = (v16){0};
-        acc[i][1] = (v16){0};
-    }
+    vf acc[TILE_ROWS][TILE_VECTORS];
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < TILE_VECTORS; v++)
+            acc[i][v] = vf_zero();
     for (int64_t k = 0; k < k_len; k++) {
+        const float *w = panel + k * PANEL;
         if (prefetch) { /* past the panel's end: the next panel's rows */
-            __builtin_prefetch(panel + (k + PREFETCH_ROWS) * NR, 0, 3);
-            __builtin_prefetch(panel + (k + PREFETCH_ROWS) * NR + 16, 0, 3);
+            __builtin_prefetch(w + PREFETCH_ROWS * PANEL, 0, 3);
+            __builtin_prefetch(w + PREFETCH_ROWS * PANEL + 16, 0, 3);
         }
-        v16 b0 = load16(panel + k * NR), b1 = load16(panel + k * NR + 16);
+        vf b[TILE_VECTORS];
+        for (int v = 0; v < TILE_VECTORS; v++)
+            b[v] = vf_load(w + v * LANES);
         for (int i = 0; i < rows; i++) {
-            float a = x[i * ldx + k];
-            acc[i][0] += a * b0;
-            acc[i][1] += a * b1;
+            vf a = vf_set1(x[i * ldx + k]);
+            for (int v = 0; v < TILE_VECTORS; v++)
+                acc[i][v] = vf_fma(a, b[v], acc[i][v]);
         }
     }
     for (int i = 0; i < rows; i++) {
-        float out[NR];
-        memcpy(out, &acc[i][0], sizeof(v16));
-        memcpy(out + 16, &acc[i][1], sizeof(v16));
+        float out[TILE_COLUMNS];
+        for (int v = 0; v < TILE_VECTORS; v++)
+            vf_store(out + v * LANES, acc[i][v]);
         if (bias)
-            for (int64_t j = 0; j < width; j++) out[j] += bias[j];
+            for (int64_t j = 0; j < width; j++)
+                out[j] += bias[j];
         if (relu)
-            for (int j = 0; j < NR; j++) out[j] = out[j] > 0 ? out[j] : 0;
+            for (int j = 0; j < TILE_COLUMNS; j++)
+                out[j] = out[j] > 0 ? out[j] : 0;
         if (residual)
-            for (int64_t j = 0; j < width; j++) out[j] += residual[i * ldr + j];
+            for (int64_t j = 0; j < width; j++)
+                out[j] += residual[i * ldr + j];
         memcpy(y + i * ldy, out, width * sizeof(float));
+    }
+}
+
+/* The m rows of one tile's columns of a panel: full tiles of TILE_ROWS, then the rest (each row
+ * count its own unrolled code). */
+static void columns_of_panel(const float *x, int64_t ldx, const float *panel, int64_t k_len,
+                             const float *bias, const float *residual, int64_t ldr, float *y,
+                             int64_t ldy, int64_t m, int64_t width, int relu, int prefetch)
+{
+    int64_t r = 0;
+    for (; r + TILE_ROWS <= m; r += TILE_ROWS)
+        tile(TILE_ROWS, x + r * ldx, ldx, panel, k_len, bias, residual ? residual + r * ldr : 0,
+             ldr, y + r * ldy, ldy, width, relu, prefetch && r == 0);
+    const float *xr = x + r * ldx, *rr = residual ? residual + r * ldr : 0;
+    float *yr = y + r * ldy;
+    int first = prefetch && r == 0;
+    switch (m - r) {
+#define LAST(R) case R: tile(R, xr, ldx, panel, k_len, bias, rr, ldr, yr, ldy, width, relu, first); break;
+    LAST(1)
+#if TILE_ROWS > 2
+    LAST(2)
+#endif
+#if TILE_ROWS > 3
+    LAST(3)
+#endif
+#if TILE_ROWS > 4
+    LAST(4)
+#endif
+#if TILE_ROWS > 5
+    LAST(5)
+#endif
+#if TILE_ROWS > 6
+    LAST(6)
+#endif
+#if TILE_ROWS > 7
+    LAST(7)
+#endif
+#undef LAST
+    default: break;
     }
 }
 
@@ -69,25 +115,25 @@ static void normalize_rows(float *y, int64_t ldy, int64_t m, int64_t n, const fl
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && m > 1)
     for (int64_t r = 0; r < m; r++) {
         float *row = y + r * ldy;
-        v16 acc = {0};
+        v16 acc = zero16();
         int64_t j = 0;
         for (; j + 16 <= n; j += 16)
-            acc += load16(row + j);
+            acc = add16(acc, load16(row + j));
         float sum = lanes_sum(acc);
         for (; j < n; j++)
             sum += row[j];
         float mean = sum / (float)n;
-        v16 sq = {0};
+        v16 sq = zero16();
         for (j = 0; j + 16 <= n; j += 16) {
-            v16 d = load16(row + j) - mean;
-            sq += d * d;
+            v16 d = minus16(load16(row + j), mean);
+            sq = fma16(d, d, sq);
         }
         float squares = lanes_sum(sq);
         for (; j < n; j++)
-            squares += (row[j] - mean) * (row[j] - mean);
+            squares = fma1(row[j] - mean, row[j] - mean, squares);
         float rstd = 1.0f / sqrtf(squares / (float)n + eps);
         for (j = 0; j < n; j++)
-            row[j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
+            row[j] = fma1((row[j] - mean) * rstd, gamma[j], beta[j]);
     }
 }
 
@@ -99,27 +145,16 @@ void products(const float *x, int64_t ldx, const float *panels, const float *bia
               int64_t m, int64_t n, int64_t k_len, int relu, const float *gamma,
               const float *beta, float eps, int threads)
 {
-    int64_t count = (n + NR - 1) / NR;
+    int64_t count = (n + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t p = 0; p < count; p++) {
-        const float *panel = panels + p * k_len * NR;
-        int64_t first = p * NR, width = n - first < NR ? n - first : NR;
-        int64_t r = 0;
-        for (; r + MR <= m; r += MR)
-            rows_of_panel(MR, x + r * ldx, ldx, panel, k_len, bias ? bias + first : 0,
-                          residual ? residual + r * ldr + first : 0, ldr,
-                          y + r * ldy + first, ldy, width, relu, r == 0);
-        const float *xr = x + r * ldx;
-        const float *rr = residual ? residual + r * ldr + first : 0;
-        const float *br = bias ? bias + first : 0;
-        float *yr = y + r * ldy + first;
-        switch (m - r) { /* the last rows, each count its own unrolled loop */
-#define LAST(R) case R: rows_of_panel(R, xr, ldx, panel, k_len, br, rr, ldr, yr, ldy, width, relu, r == 0); break;
-        LAST(1) LAST(2)
-#if MR > 3
-        LAST(3) LAST(4) LAST(5) LAST(6) LAST(7)
-#endif
-        default: break;
+        const float *panel = panels + p * k_len * PANEL;
+        int64_t first = p * PANEL, columns = n - first < PANEL ? n - first : PANEL;
+        for (int64_t c = 0; c < columns; c += TILE_COLUMNS) {
+            int64_t width = columns - c < TILE_COLUMNS ? columns - c : TILE_COLUMNS;
+            columns_of_panel(x, ldx, panel + c, k_len, bias ? bias + first + c : 0,
+                             residual ? residual + first + c : 0, ldr, y + first + c, ldy, m,
+                             width, relu, c == 0);
         }
     }
     if (gamma)

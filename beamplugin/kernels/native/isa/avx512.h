@@ -1,0 +1,27 @@
+/* AVX-512 (x86-64-v4: AVX512F, BW, DQ, VL): one vector is 16 floats in a zmm register, and 32
+ * of them. The float32 products' register tile is 8 rows x 32 columns: 16 accumulators, the two
+ * weight vectors and a broadcast row value (broadcast from memory into the fused multiply-add). */
+#include <immintrin.h>
+
+#define ISA_NAME "avx512"
+#define FUSED 1 /* a multiply-add rounds once */
+#define LANES 16
+#define TILE_ROWS 8
+#define TILE_VECTORS 2
+
+typedef __m512 vf;
+
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vf_set1(float a) { return _mm512_set1_ps(a); }
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /* a b + c */
+
+/* whether any lane is >= least or NaN */
+static inline int vf_any_not_below(vf v, float least)
+{
+    return _mm512_cmp_ps_mask(v, _mm512_set1_ps(least), _CMP_NLT_UQ) != 0;
+}

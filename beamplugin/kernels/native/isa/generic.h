@@ -1,0 +1,31 @@
+/* Any other CPU: portable C on GCC's 4-float vectors, compiled without target flags (SSE2 on
+ * x86-64, where a multiply-add is two roundings, not one; NEON on AArch64). The float32
+ * products' register tile is 2 rows x 16 columns: 8 accumulators, four weight vectors and a
+ * broadcast row value, within the 16 registers of x86-64's baseline. */
+#include <string.h>
+
+#define ISA_NAME "generic"
+#define FUSED 0 /* a multiply-add rounds once */
+#define LANES 4
+#define TILE_ROWS 2
+#define TILE_VECTORS 4
+
+typedef float vf __attribute__((vector_size(16)));
+
+static inline vf vf_load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void vf_store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vf_set1(float a) { return (vf){a, a, a, a}; }
+static inline vf vf_zero(void) { return (vf){0}; }
+static inline vf vf_add(vf a, vf b) { return a + b; }
+static inline vf vf_sub(vf a, vf b) { return a - b; }
+static inline vf vf_mul(vf a, vf b) { return a * b; }
+static inline vf vf_fma(vf a, vf b, vf c) { return a * b + c; }
+
+/* whether any lane is >= least or NaN */
+static inline int vf_any_not_below(vf v, float least)
+{
+    for (int i = 0; i < LANES; i++)
+        if (!(v[i] < least))
+            return 1;
+    return 0;
+}
