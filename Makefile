@@ -20,10 +20,19 @@ demo: $(BIN)/.installed
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 
-test: $(BIN)/.installed /usr/bin/chromedriver
+# Our kernels' NEON build is cross-compiled and run under qemu (tests/test_instruction_sets.py).
+/usr/bin/aarch64-linux-gnu-gcc /usr/bin/qemu-aarch64:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user >/dev/null
+
+# The suite on the best kernels this CPU runs; then its bit-for-bit tests (marked exact) again on
+# the AVX2 kernels and on torch's (docs/architecture.md, "Instruction sets").
+test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /usr/bin/qemu-aarch64
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	BEAMPLUGIN_ISA=avx2 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m exact tests
+	BEAMPLUGIN_ISA=off $(BIN)/python -m pytest -q -n 2 --dist loadfile -m exact tests
 
 # Speed against fairseq, the roofline (the decode against its matrix products alone) and the
 # precision table (bf16 and int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS

@@ -8,6 +8,14 @@ from fairseq.data import Dictionary
 from beamplugin.kernels import instruction_sets, native_library
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "exact: bit-for-bit tests of our kernels and of decoding, which make test runs again "
+        "with the AVX2 kernels and with torch's (BEAMPLUGIN_ISA=avx2, =off)",
+    )
+
+
 @pytest.fixture
 def toy_dictionary() -> Dictionary:
     """fairseq's four special symbols (bos=0, pad=1, eos=2, unk=3) and 26 words."""

@@ -52,7 +52,7 @@ from beamplugin.streams import (
 )
 
 # vocab, models, one_thread and sentences: conftest.py's module-scoped fixtures
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
 
 
 @pytest.fixture(scope="module")

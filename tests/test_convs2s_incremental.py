@@ -16,6 +16,8 @@ from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import parse_attention_spec, parse_layer_spec
 from beamplugin.modules.linear import uses_packed_products
 
+pytestmark = pytest.mark.exact  # run again per instruction set by make test
+
 # (encoder layers, decoder layers, decoder attention): widths 1..5, channel changes (residual
 # projections), residual distances 0 and 2, layers without attention.
 LAYER_SPECS = [

@@ -36,7 +36,7 @@ from beamplugin.modules.convolution import CausalConvolution, TBCConvolution
 from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
 
 # vocab, one_thread and sentences: conftest.py's module-scoped fixtures
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
 
 # The weight levels to test: this CPU's, and the 7-bit fallback of CPUs without VNNI (exact on
 # every CPU; full 8-bit weights are not exact without VNNI, so never forced).

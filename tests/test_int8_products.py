@@ -8,6 +8,8 @@ import torch
 from beamplugin.kernels import int8_products
 from beamplugin.modules import linear
 
+pytestmark = pytest.mark.exact  # run again per instruction set by make test
+
 needs_kernel = pytest.mark.skipif(
     not int8_products.available(), reason="no AVX512-VNNI or no C compiler here"
 )

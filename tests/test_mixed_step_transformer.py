@@ -19,7 +19,7 @@ from beamplugin.kernels import (
 from beamplugin.models.mixed_step_transformer import MixedStepTransformer
 from beamplugin.modules import self_attention_history
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
 
 VARIANTS = {
     "post-norm, sinusoidal": {},

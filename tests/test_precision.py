@@ -26,7 +26,7 @@ from beamplugin.fairseq_plugin.precision import (
 from beamplugin.search import beam_step
 
 # vocab, one_thread and sentences: conftest.py's module-scoped fixtures
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
 
 
 def in_bf16(model: torch.nn.Module) -> torch.nn.Module:

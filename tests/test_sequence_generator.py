@@ -22,7 +22,7 @@ from beamplugin.modules import MemoryPool
 from beamplugin.modules.linear import uses_packed_products
 
 # the models are builders.py's; the fixtures vocab, models and one_thread conftest.py's
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
 
 
 def sub_batch(sample: dict, rows: list[int]) -> dict:

@@ -1,4 +1,4 @@
-/* The instruction set a build is for: one of isa/*.h, picked by the -DBEAMPLUGIN_ISA_<NAME>
+/* The instruction set a build is for: one of isa/<set>.h, picked by the -DBEAMPLUGIN_ISA_<NAME>
  * that beamplugin/kernels/instruction_sets.py passes with the set's target flags (without
  * one, the best the compiler's target flags allow: a build by hand, or a check of the code).
  * Each header gives its float vector `vf` (LANES floats) with the same operations, and the

@@ -6,7 +6,7 @@
  * number of rows, the register tile, the panel or the thread that computes it: a row's result
  * has the same bits alone or among any rows, which is what lets a sentence decode the same
  * alone or batched, and the same bits on every set that fuses multiply-adds. The register tile
- * (TILE_ROWS rows x TILE_VECTORS vectors of a panel's columns) is the set's (isa/*.h), sized so
+ * (TILE_ROWS rows x TILE_VECTORS vectors of a panel's columns) is the set's (isa/<set>.h), sized so
  * that no accumulator leaves its register. docs/speed.md has the measurements behind it.
  */
 #include <math.h>
@@ -17,6 +17,9 @@
 
 #define PANEL 32
 #define TILE_COLUMNS (TILE_VECTORS * LANES)
+/* The tile's loops unrolled before GCC's scalar replacement: else (GCC 12 for AArch64) the
+ * accumulators stay an array in memory, stored at every step of the inner loop. */
+#define UNROLLED _Pragma("GCC unroll 16")
 /* How far ahead a panel's first tile asks for the panel's rows: at a decoder step's few rows
  * the weights come from memory, and the hardware's own prefetch alone left a 3-layer
  * transformer's products 1.5x slower (docs/speed.md). Both cache lines of a 32-float row are
@@ -33,8 +36,8 @@ static inline __attribute__((always_inline)) void tile(
     int64_t width, int relu, int prefetch)
 {
     vf acc[TILE_ROWS][TILE_VECTORS];
-    for (int i = 0; i < rows; i++)
-        for (int v = 0; v < TILE_VECTORS; v++)
+    UNROLLED for (int i = 0; i < rows; i++)
+        UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
             acc[i][v] = vf_zero();
     for (int64_t k = 0; k < k_len; k++) {
         const float *w = panel + k * PANEL;
@@ -43,17 +46,17 @@ static inline __attribute__((always_inline)) void tile(
             __builtin_prefetch(w + PREFETCH_ROWS * PANEL + 16, 0, 3);
         }
         vf b[TILE_VECTORS];
-        for (int v = 0; v < TILE_VECTORS; v++)
+        UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
             b[v] = vf_load(w + v * LANES);
-        for (int i = 0; i < rows; i++) {
+        UNROLLED for (int i = 0; i < rows; i++) {
             vf a = vf_set1(x[i * ldx + k]);
-            for (int v = 0; v < TILE_VECTORS; v++)
+            UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
                 acc[i][v] = vf_fma(a, b[v], acc[i][v]);
         }
     }
-    for (int i = 0; i < rows; i++) {
+    UNROLLED for (int i = 0; i < rows; i++) {
         float out[TILE_COLUMNS];
-        for (int v = 0; v < TILE_VECTORS; v++)
+        UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
             vf_store(out + v * LANES, acc[i][v]);
         if (bias)
             for (int64_t j = 0; j < width; j++)
@@ -68,42 +71,73 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
+/* Each row count's tile a function of its own: inlined into one, GCC for AArch64 spilled the
+ * accumulators of the smaller tiles to the stack. */
+#define TILE_OF(R)                                                                              \
+    static __attribute__((noinline)) void tile##R(                                              \
+        const float *x, int64_t ldx, const float *panel, int64_t k_len, const float *bias,     \
+        const float *residual, int64_t ldr, float *y, int64_t ldy, int64_t width, int relu,    \
+        int prefetch)                                                                           \
+    {                                                                                           \
+        tile(R, x, ldx, panel, k_len, bias, residual, ldr, y, ldy, width, relu, prefetch);     \
+    }
+TILE_OF(1)
+TILE_OF(2)
+#if TILE_ROWS >= 3
+TILE_OF(3)
+#endif
+#if TILE_ROWS >= 4
+TILE_OF(4)
+#endif
+#if TILE_ROWS >= 5
+TILE_OF(5)
+#endif
+#if TILE_ROWS >= 6
+TILE_OF(6)
+#endif
+#if TILE_ROWS >= 7
+TILE_OF(7)
+#endif
+#if TILE_ROWS >= 8
+TILE_OF(8)
+#endif
+_Static_assert(TILE_ROWS >= 2 && TILE_ROWS <= 8, "tiles of 2 to 8 rows");
+
+typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, const float *,
+                        const float *, int64_t, float *, int64_t, int64_t, int, int);
+/* tiles[r]: the tile of r rows */
+static const tile_fn tiles[TILE_ROWS + 1] = {
+    0, tile1, tile2,
+#if TILE_ROWS >= 3
+    tile3,
+#endif
+#if TILE_ROWS >= 4
+    tile4,
+#endif
+#if TILE_ROWS >= 5
+    tile5,
+#endif
+#if TILE_ROWS >= 6
+    tile6,
+#endif
+#if TILE_ROWS >= 7
+    tile7,
+#endif
+#if TILE_ROWS >= 8
+    tile8,
+#endif
+};
+
 /* The m rows of one tile's columns of a panel: full tiles of TILE_ROWS, then the rest (each row
  * count its own unrolled code). */
 static void columns_of_panel(const float *x, int64_t ldx, const float *panel, int64_t k_len,
                              const float *bias, const float *residual, int64_t ldr, float *y,
                              int64_t ldy, int64_t m, int64_t width, int relu, int prefetch)
 {
-    int64_t r = 0;
-    for (; r + TILE_ROWS <= m; r += TILE_ROWS)
-        tile(TILE_ROWS, x + r * ldx, ldx, panel, k_len, bias, residual ? residual + r * ldr : 0,
-             ldr, y + r * ldy, ldy, width, relu, prefetch && r == 0);
-    const float *xr = x + r * ldx, *rr = residual ? residual + r * ldr : 0;
-    float *yr = y + r * ldy;
-    int first = prefetch && r == 0;
-    switch (m - r) {
-#define LAST(R) case R: tile(R, xr, ldx, panel, k_len, bias, rr, ldr, yr, ldy, width, relu, first); break;
-    LAST(1)
-#if TILE_ROWS > 2
-    LAST(2)
-#endif
-#if TILE_ROWS > 3
-    LAST(3)
-#endif
-#if TILE_ROWS > 4
-    LAST(4)
-#endif
-#if TILE_ROWS > 5
-    LAST(5)
-#endif
-#if TILE_ROWS > 6
-    LAST(6)
-#endif
-#if TILE_ROWS > 7
-    LAST(7)
-#endif
-#undef LAST
-    default: break;
+    for (int64_t r = 0; r < m; r += TILE_ROWS) {
+        int64_t rows = m - r < TILE_ROWS ? m - r : TILE_ROWS;
+        tiles[rows](x + r * ldx, ldx, panel, k_len, bias, residual ? residual + r * ldr : 0, ldr,
+                    y + r * ldy, ldy, width, relu, prefetch && r == 0);
     }
 }
 

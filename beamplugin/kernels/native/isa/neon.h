@@ -1,12 +1,12 @@
 /* NEON (AArch64 Advanced SIMD, every ARMv8-A CPU): one vector is 4 floats in a q register, and
- * 32 of them. The float32 products' register tile is 6 rows x 16 columns: 24 accumulators, the
- * four weight vectors and a broadcast row value, 29 registers. */
+ * 32 of them. The float32 products' register tile is 5 rows x 16 columns: 20 accumulators, the
+ * four weight vectors and the five rows' values (multiplied by lane), 29 registers. */
 #include <arm_neon.h>
 
 #define ISA_NAME "neon"
 #define FUSED 1 /* a multiply-add rounds once */
 #define LANES 4
-#define TILE_ROWS 6
+#define TILE_ROWS 5
 #define TILE_VECTORS 4
 
 typedef float32x4_t vf;
