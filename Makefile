@@ -34,10 +34,12 @@ test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /us
 	BEAMPLUGIN_ISA=avx2 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m exact tests
 	BEAMPLUGIN_ISA=off $(BIN)/python -m pytest -q -n 2 --dist loadfile -m exact tests
 
-# Speed against fairseq, the roofline (the decode against its matrix products alone) and the
-# precision table (bf16 and int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS
-# go to all three (e.g. ARGS="--path CKPT --data DATA-BIN").
+# Our kernels against torch's on each instruction set this CPU runs; speed against fairseq, the
+# roofline (the decode against its matrix products alone) and the precision table (bf16 and
+# int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS go to the last three (e.g.
+# ARGS="--path CKPT --data DATA-BIN").
 bench: $(BIN)/.installed
+	$(BIN)/python scripts/bench_kernels.py --threads 1
 	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_roofline.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_precision.py --precisions bf16 int8 $(or $(ARGS),--random \

@@ -54,6 +54,7 @@ from beamplugin.engine.finalizer import Finalizer
 from beamplugin.engine.model_runner import ModelRunner
 from beamplugin.engine.slots import Slots
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
+from beamplugin.kernels import instruction_sets, native_library
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import MemoryPool
 from beamplugin.search.log_prob_rules import LogProbRules
@@ -218,7 +219,11 @@ def cpu_description() -> str:
         pass
     present = " ".join(flag for flag in KERNEL_FLAGS if flag in flags) or "flags unknown"
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"CPU {model} ({present}), torch CPU capability {capability}"
+    ours = native_library.built_for("products")
+    if ours != "off":
+        ours += f", int8 {native_library.built_for('int8_products')}"
+        ours += "" if instruction_sets.pinned() else ", each proven against torch's"
+    return f"CPU {model} ({present}), torch CPU capability {capability}, our kernels {ours}"
 
 
 

@@ -1,6 +1,8 @@
 """A fairseq transformer checkpoint decoded by fairseq's generator, ours and CTranslate2, side by
 side in one run: sentences/s at each batch size and thread count, each against fairseq's and
-against CTranslate2 float32, the share of best hypotheses equal to fairseq's, and BLEU.
+against CTranslate2 float32, the share of best hypotheses equal to fairseq's, and BLEU. An fconv
+or convs2s checkpoint too: fairseq's fconv against our convs2s on the same weights (CTranslate2
+converts no ConvS2S).
 
 Systems (beam 5, lenpen 1, max_len_b 200, one test-set order sorted by source length, batches of
 B consecutive sentences, as fairseq-generate makes them):
@@ -14,6 +16,8 @@ B consecutive sentences, as fairseq-generate makes them):
   float32 and with ``--int8``'s products;
 * ``ours generate``: beamplugin's SequenceGenerator, ``generate`` per batch as fairseq's (float32;
   at batch 1 each call's own setup shows);
+* ``ours torch kernels``: ``ours`` with ``BEAMPLUGIN_ISA=off`` (torch's kernels only, as without a
+  C compiler): our kernels must never be slower than that;
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
   every sentence in one ``translate_batch`` with ``max_batch_size`` B, intra_threads = the
   thread count.
@@ -25,6 +29,10 @@ every system slower with 2 threads than with 1 (docs/benchmarks.md, 2026-11-25).
 runs the systems in a shuffled order; the median over rounds is printed, with the CPU's model
 name and flags. CTranslate2 is a benchmark-only dependency: ``pip install -e '.[bench]'``.
 
+Each worker inherits the environment: ``BEAMPLUGIN_ISA=avx2`` pins our AVX2 kernels,
+``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` holds torch's (fairseq's) to AVX2 and
+``CT2_FORCE_CPU_ISA=AVX2`` CTranslate2's, as on a CPU without AVX-512.
+
     python scripts/bench_transformer.py --path CHECKPOINT --data DATA_BIN \\
         --sentences 256 --batch-sizes 1 64 --threads 1 2
 """
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -43,7 +52,9 @@ from pathlib import Path
 from typing import Any
 
 BEAM, MAX_LEN_B = 5, 200
-SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ct2 float32", "ct2 int8"]
+SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ours torch kernels", "ct2 float32",
+           "ct2 int8"]  # fmt: skip
+OURS_STREAMED = ("ours", "ours int8", "ours torch kernels")
 
 
 def checkpoint_parser(description: str) -> argparse.ArgumentParser:
@@ -118,6 +129,7 @@ def ct2_decoder(job: dict[str, Any], compute_type: str, threads: int) -> Any:
 
 def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
     import torch
+    from bench_generate import checkpoint_models, prepare
     from fairseq import checkpoint_utils
     from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
@@ -131,10 +143,13 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
         [args.path], arg_overrides={"data": args.data}
     )
     model = models[0].eval()
+    if convolutional(model):  # fairseq's fconv against our convs2s, the same weights
+        fconv, convs2s, _ = checkpoint_models(args.path, args.data)
+        model = prepare(fconv, BEAM) if args.worker == "fairseq" else convs2s
     if args.worker == "ours int8":
         cast_for_decoding([model], "int8")
     options: dict[str, Any] = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
-    streams = args.worker in ("ours", "ours int8")
+    streams = args.worker in OURS_STREAMED
     if streams:  # as task beam_translation builds it without --print-alignment, --nbest 1
         options.update(attention=False, nbest=1)
     kind = FairseqGenerator if args.worker == "fairseq" else SequenceGenerator
@@ -178,7 +193,7 @@ def main() -> None:
 
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 
-    _, _, task = checkpoint_utils.load_model_ensemble_and_task(
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [args.path], arg_overrides={"data": args.data}
     )
     dictionary, eos = task.target_dictionary, task.target_dictionary.eos()
@@ -189,14 +204,15 @@ def main() -> None:
     sources = [item["source"].tolist() for item in items]
     references = [dictionary.string(item["target"], "sentencepiece") for item in items]
     workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
-    systems = SYSTEMS[:4]
+    systems = SYSTEMS[:5]
     ct2: dict[str, str] = {}
     try:
         import ctranslate2  # noqa: F401
 
-        ct2 = {kind: str(ct2_model(args.path, args.data, None if kind == "float32" else kind,
-                                   workdir)) for kind in ("float32", "int8")}
-        systems = SYSTEMS
+        if not convolutional(models[0]):
+            ct2 = {kind: str(ct2_model(args.path, args.data, None if kind == "float32" else kind,
+                                       workdir)) for kind in ("float32", "int8")}
+            systems = SYSTEMS
     except ImportError:
         print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
     print(f"# {args.path}; beam {BEAM}; {cpu_description()}; torch {torch.__version__}; "
@@ -223,10 +239,20 @@ def main() -> None:
             report(threads, batch, count, seconds, outputs, references, dictionary)
 
 
+def convolutional(model: Any) -> bool:
+    """Whether ``model`` is an fconv or a convs2s (else a transformer)."""
+    from fairseq.models.fconv import FConvModel
+
+    from beamplugin.models.convs2s import ConvS2SModel
+
+    return isinstance(model, FConvModel | ConvS2SModel)
+
+
 def run_worker(args: argparse.Namespace, name: str, job: Path) -> dict[str, Any]:
     command = [sys.executable, __file__, "--path", args.path, "--data", args.data,
                "--worker", name, "--job", str(job)]
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    env = {**os.environ, "BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -1,4 +1,4 @@
-"""Our int8 kernel (beamplugin/kernels/native/int8_products.c, AVX512-VNNI CPUs): the bits of
+"""Our int8 kernel (beamplugin/kernels/native/int8_products.c, AVX512-VNNI and AVX2): the bits of
 torch's int8 path (beamplugin.modules.linear.int8_linear without panels), relu and residual
 included, for any rows; and torch's path where the CPU or the machine cannot run it."""
 
@@ -11,7 +11,7 @@ from beamplugin.modules import linear
 pytestmark = pytest.mark.exact  # run again per instruction set by make test
 
 needs_kernel = pytest.mark.skipif(
-    not int8_products.available(), reason="no AVX512-VNNI or no C compiler here"
+    not int8_products.available(), reason="no int8 kernel for this set, or no C compiler here"
 )
 SHAPES = [(1032, 256), (256, 256), (256, 1024), (37, 101), (1, 3)]
 

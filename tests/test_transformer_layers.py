@@ -50,7 +50,7 @@ def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, k
     model = build_transformer(vocab, 1, **(options if kind == "pre-norm" else {}))
     if kind == "int8":
         if not int8_products.available():
-            pytest.skip("no AVX512-VNNI here")
+            pytest.skip("no int8 kernel for this instruction set")
         monkeypatch.setattr(linear, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
         assert cast_for_decoding([model], "int8") == torch.float32
     one_call = decode(vocab, sentences, model, monkeypatch, in_kernel=True)

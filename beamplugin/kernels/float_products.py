@@ -132,13 +132,15 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor | 
     """Each row of ``x`` ``[rows, n]`` (float32, CPU) layer-normed as the product kernels'
     post-norm (the same bits), or None where the kernel is not here."""
     kernel = _norm_kernel()
-    if kernel is None or x.dtype != torch.float32 or not x.is_cpu:
+    if kernel is None or x.dtype is not torch.float32 or not x.is_cpu:
         return None
-    x = x.contiguous()
-    weight, bias = weight.detach().contiguous(), bias.detach().contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
     rows, n = x.shape
     if weight.shape != (n,) or bias.shape != (n,):
         raise ValueError(f"the norm's weight and bias must be [{n}]")
+    if not (weight.is_contiguous() and bias.is_contiguous()):
+        weight, bias = weight.contiguous(), bias.contiguous()
     y = torch.empty_like(x)
     kernel(x.data_ptr(), n, y.data_ptr(), n, rows, n, weight.data_ptr(), bias.data_ptr(), eps,
            threads_for(rows * n * 64))  # fmt: skip

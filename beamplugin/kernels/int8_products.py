@@ -1,5 +1,5 @@
 """int8 matrix products (``--int8``) on the CPU through our kernel (``native/int8_products.c``),
-on CPUs with AVX512-VNNI.
+on CPUs with AVX512-VNNI or AVX2 (each its own code, the same bits).
 
 beamplugin.modules.linear.int8_linear takes some ten torch operations a product (the row scales,
 the quantization, ``torch._int_mm``, the scaling back), each a call of several microseconds at a
@@ -38,8 +38,8 @@ class Int8Panels(NamedTuple):
 
 @native_library.cached
 def _kernel() -> Callable[..., Any] | None:
-    """int8_products.c's ``int8_products`` (None where it cannot be built or the CPU has no
-    AVX512-VNNI)."""
+    """int8_products.c's ``int8_products`` (None where it cannot be built, or the set has no
+    int8 code: generic, NEON)."""
     signature = [POINTER, SIZE, SIZE, FLOAT, POINTER, POINTER, POINTER, POINTER, POINTER, SIZE]
     signature += [POINTER, SIZE, SIZE, SIZE, INT, INT]
     return native_library.function_for_this_cpu(

@@ -1,0 +1,220 @@
+"""Our kernels against torch's, per kernel and shape, on each instruction set this CPU runs.
+
+For each set (``--sets``; default: every set this CPU runs, AVX2 on an AVX-512 machine too), a
+process of its own pins it (``BEAMPLUGIN_ISA``) and times, in interleaved rounds, each of our
+kernels and the path torch takes without it at a model's shapes: float32 products (oneDNN's on
+its packed weight), int8 products (``torch._int_mm`` and the scaling), a decoder step's two
+attentions (batched products and softmax), a beam step's candidates (add and topk), layer norms.
+Prints microseconds a call (the fastest round), ours against torch's, GFLOPS (GOPS for int8),
+and the share of the set's multiply-add peak of one core, measured by ``scripts/fma_peak.c``
+built for the set (independent chains of fused multiply-adds on its vectors). In the AVX2
+process torch's kernels are held to AVX2 too (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``),
+as on a CPU without AVX-512.
+
+    python scripts/bench_kernels.py --threads 1
+    python scripts/bench_kernels.py --sets avx2 --threads 1 --kernels products
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from bench_generate import cpu_description
+
+from beamplugin.kernels import (
+    candidates,
+    float_attention,
+    float_products,
+    instruction_sets,
+    native_library,
+)
+from beamplugin.modules import linear
+
+# (out, in) of a 3+3 x 256 transformer's products and its 3952-word output projection, and of
+# a base transformer's (512 wide, feed-forward 2048, 32k vocabulary)
+PRODUCT_SHAPES = [(256, 256), (768, 256), (1024, 256), (256, 1024), (3952, 256),
+                  (512, 512), (2048, 512), (512, 2048), (32000, 512)]  # fmt: skip
+ROWS = [1, 5, 80, 320]  # greedy at batch 1, beam 5 at batch 1, 16 and 64
+KERNELS = ["products", "int8", "attention", "candidates", "norm"]
+# torch's own kernels held to the same set, as on a CPU without more (oneDNN and ATen pick theirs
+# at run time, as we do)
+TORCH_CAPPED = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
+
+
+def fastest(run: Callable[[], object], seconds: float = 0.004, rounds: int = 7) -> float:
+    """Microseconds a call: the fastest of ``rounds`` rounds of about ``seconds`` each."""
+    run()
+    start = time.perf_counter()
+    run()
+    calls = max(1, int(seconds / max(time.perf_counter() - start, 1e-7)))
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def peak_gflops(isa: instruction_sets.InstructionSet) -> float:
+    """One core's multiply-add peak on ``isa``: scripts/fma_peak.c built for it, the best of
+    nine runs (this machine is shared: other work only ever slows a run)."""
+    library = native_library.cache_folder() / f"fma_peak-{isa.name}.so"
+    compiler = os.environ.get("CC", "cc")
+    flags = [*native_library.FLAGS, *instruction_sets.build_flags(isa)]
+    source = Path(__file__).with_name("fma_peak.c")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([compiler, *flags, f"-I{native_library.SOURCES}", "-o", str(library),
+                    str(source)], check=True)  # fmt: skip
+    peak = ctypes.CDLL(str(library))
+    peak.fma_chains.argtypes = [ctypes.c_int64, ctypes.c_float, ctypes.c_float]
+    peak.fma_chains.restype = ctypes.c_float
+    steps, best = 5_000_000, 0.0
+    for _ in range(9):
+        start = time.perf_counter()
+        peak.fma_chains(steps, 0.999, 0.001)
+        best = max(best, 2 * 12 * peak.lanes() * steps / (time.perf_counter() - start) / 1e9)
+    return best
+
+
+def product_rows(shapes: list[tuple[int, int]]) -> list[dict]:
+    rows = []
+    for out, inner in shapes:
+        weight = torch.randn(out, inner)
+        ours, theirs = float_products.pack(weight), linear._onednn_pack(weight, None)
+        int8 = linear.pack_int8(weight, None)
+        for count in ROWS:
+            x = torch.randn(count, inner)
+            flops = 2 * count * out * inner
+            rows.append(dict(
+                kernel="products", shape=f"{out}x{inner}", rows=count, flops=flops,
+                ours=fastest(partial(float_products.product, x, ours, None)),
+                torch=fastest(partial(linear.packed_product, x, theirs, None)),
+            ))  # fmt: skip
+            if int8.panels is not None:
+                plain = int8._replace(panels=None)
+                rows.append(dict(
+                    kernel="int8", shape=f"{out}x{inner}", rows=count, flops=flops,
+                    ours=fastest(partial(linear.int8_linear, x, int8)),
+                    torch=fastest(partial(linear.int8_linear, x, plain)),
+                ))  # fmt: skip
+    return rows
+
+
+def attention_rows() -> list[dict]:
+    rows = []
+    for heads, head_dim in [(4, 64), (8, 64)]:
+        for count in (5, 320):
+            trial = float_attention._trial(heads, head_dim, rows=count)
+            # two attentions: 16 history columns and 24 source positions, q.k and p.v each
+            flops = 2 * 2 * count * heads * head_dim * (16 + 24)
+            rows.append(dict(kernel="attention", shape=f"{heads}x{head_dim}", rows=count,
+                             flops=flops, ours=fastest(trial.ours),
+                             torch=fastest(trial.torchs)))  # fmt: skip
+    return rows
+
+
+def candidate_rows() -> list[dict]:
+    rows = []
+    for vocab in (3952, 32000):
+        trial = candidates._trial(5, vocab)
+        for args in trial.inputs:
+            rows.append(dict(kernel="candidates", shape=f"5x{vocab}", rows=args[0].size(0),
+                             flops=0, ours=fastest(partial(trial.ours, *args)),
+                             torch=fastest(partial(trial.torchs, *args))))  # fmt: skip
+    return rows
+
+
+def norm_rows() -> list[dict]:
+    rows = []
+    for width in (256, 512):
+        weight, bias = torch.randn(width), torch.randn(width)
+        for count in (5, 320):
+            x = torch.randn(count, width)
+            rows.append(dict(
+                kernel="norm", shape=f"{width}", rows=count, flops=0,
+                ours=fastest(partial(float_products.layer_norm, x, weight, bias, 1e-5)),
+                torch=fastest(partial(F.layer_norm, x, (width,), weight, bias, 1e-5)),
+            ))  # fmt: skip
+    return rows
+
+
+def measure(kernels: list[str], shapes: list[tuple[int, int]]) -> dict:
+    """This process's set: its peak and every kernel's rows."""
+    isa = instruction_sets.chosen()
+    assert isa is not None, "pin a set with BEAMPLUGIN_ISA"
+    rows: list[dict] = []
+    with torch.no_grad():
+        if "products" in kernels or "int8" in kernels:
+            rows += [r for r in product_rows(shapes) if r["kernel"] in kernels]
+        if "attention" in kernels:
+            rows += attention_rows()
+        if "candidates" in kernels:
+            rows += candidate_rows()
+        if "norm" in kernels:
+            rows += norm_rows()
+    variant = f"{native_library.built_for('products')}, int8 "
+    variant += native_library.built_for("int8_products")
+    torchs = f"capability {torch.backends.cpu.get_cpu_capability()}, oneDNN "
+    torchs += os.environ.get("ONEDNN_MAX_CPU_ISA", "uncapped")
+    return dict(set=isa.name, variant=variant, torch=torchs, peak=peak_gflops(isa), rows=rows)
+
+
+def print_table(results: list[dict], threads: int) -> None:
+    print(f"# torch {torch.__version__}, {threads} thread(s), {cpu_description()}")
+    for result in results:
+        print(f"# {result['set']}: our kernels {result['variant']}; torch's {result['torch']}; "
+              f"one core's multiply-add peak {result['peak']:.1f} GFLOPS (scripts/fma_peak.c)")
+    print(f"{'kernel':<11}{'shape':>11}{'rows':>6}  {'set':<8}{'ours us':>10}{'torch us':>10}"
+          f"{'x torch':>9}{'GFLOPS':>9}{'% peak':>8}")  # fmt: skip
+    by_key: dict[tuple, list[tuple[dict, dict]]] = {}
+    for result in results:
+        for row in result["rows"]:
+            by_key.setdefault((row["kernel"], row["shape"], row["rows"]), []).append((result, row))
+    for (kernel, shape, count), entries in by_key.items():
+        for result, row in entries:
+            rate = row["flops"] / row["ours"] / 1e3 if row["flops"] else 0.0
+            share = f"{100 * rate / threads / result['peak']:7.0f}%" if rate else f"{'':>8}"
+            rate_text = f"{rate:9.1f}" if rate else f"{'':>9}"
+            print(f"{kernel:<11}{shape:>11}{count:>6}  {result['set']:<8}{row['ours']:10.1f}"
+                  f"{row['torch']:10.1f}{row['torch'] / row['ours']:9.2f}{rate_text}{share}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    runs_here = [isa.name for isa in instruction_sets.SETS[:-1] if instruction_sets.runs_here(isa)]
+    parser.add_argument("--sets", nargs="+", default=runs_here, help=f"default: {runs_here}")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
+    parser.add_argument("--shapes", nargs="+", default=None, help="products' OUTxIN shapes")
+    parser.add_argument("--json", action="store_true", help="(internal) measure this process's set")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shapes = PRODUCT_SHAPES
+    if args.shapes:
+        shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
+    if args.json:
+        print(json.dumps(measure(args.kernels, shapes)))
+        return
+    results = []
+    for name in args.sets:
+        env = {**os.environ, instruction_sets.CHOICE: name, **TORCH_CAPPED.get(name, {})}
+        done = subprocess.run([sys.executable, __file__, "--json", *sys.argv[1:]], env=env,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print_table(results, args.threads)
+
+
+if __name__ == "__main__":
+    main()
