@@ -1,15 +1,18 @@
 """fairseq's multilingual models (task translation_multi_simple_epoch: M2M-100, NLLB) through our
-task beam_translation_multi and a stream, on a tiny three-language model trained here:
-fairseq's hypotheses on every pair; sentences to different target languages sharing the engine's
-steps, each getting exactly what it gets alone."""
+task beam_translation_multi, a stream and the server, on a tiny three-language model trained
+here: fairseq's hypotheses on every pair; sentences to different target languages sharing the
+engine's steps, each getting exactly what it gets alone; one server answering every pair of one
+model, its page choosing the pair."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import re
 from pathlib import Path
 
+import aiohttp
 import pytest
 import torch
 from builders import assert_same, one_sentence
@@ -26,6 +29,7 @@ from multilingual_tools import (
     task_options,
     trained_model,
 )
+from server_tools import Server, chromium, status_and_json
 
 from beamplugin.fairseq_plugin.language_pairs import LanguagePairs
 from beamplugin.streams import TranslationStream
@@ -163,3 +167,130 @@ def test_a_stream_mixing_target_languages_gives_each_sentence_what_it_gets_alone
         reference = fairseq.generate(models, one_sentence(tokens), prefix_tokens=prefix_tokens,
                                      bos_token=bos)[0]  # fmt: skip
         assert_same([reference[: len(mixed)]], [mixed], check_attention=False)  # its --nbest
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    data, ckpt = model
+    server = Server([*_decoding(data, ckpt, "m2m", "beam_translation_multi", "de-en"),
+                     "--nbest", "2", "--batch-size", "4"])  # fmt: skip
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def interactive(model, tmp_path_factory) -> dict[str, dict[int, list[tuple[float, str]]]]:
+    """fairseq-interactive's (fairseq's own task) D- lines of each pair's source lines: score
+    and text by line, best first."""
+    data, ckpt = model
+    found = {}
+    for pair in ("de-en", "de-fr", "fr-de"):
+        lines = tmp_path_factory.mktemp("lines") / "lines"
+        lines.write_text("\n".join(source_lines(pair)) + "\n")
+        out = run_in_process("interactive", [
+            *_decoding(data, ckpt, "m2m", "translation_multi_simple_epoch", pair),
+            "--nbest", "2", "--buffer-size", "10", "--input", str(lines),
+        ])  # fmt: skip
+        found[pair] = {}
+        for index, score, text in re.findall(r"^D-(\d+)\t(\S+)\t(.*)$", out, flags=re.M):
+            found[pair].setdefault(int(index), []).append((float(score), text))
+    return found
+
+
+def test_one_server_answers_two_pairs_at_once_as_fairseq_interactive(server, interactive):
+    lines = {pair: source_lines(pair) for pair in ("de-en", "de-fr")}
+
+    async def ask_all() -> list:
+        async with aiohttp.ClientSession() as session:
+            def libre(pair: str, line: str):
+                body = {"q": line, "source": pair[:2], "target": pair[3:]}
+                return status_and_json(session.post(server.url + "/translate", json=body))
+
+            nbest = {"sentences": lines["de-fr"], "target": "fr", "nbest": 2}  # source: -s
+            return await asyncio.gather(
+                *(libre(pair, line) for pair in lines for line in lines[pair]),
+                status_and_json(session.post(server.url + "/v1/translate", json=nbest)),
+            )
+
+    *libre, (status, nbest) = asyncio.run(asyncio.wait_for(ask_all(), 120))
+    expected = [(200, {"translatedText": interactive[pair][i][0][1]})
+                for pair in lines for i in range(len(lines[pair]))]  # fmt: skip
+    assert libre == expected
+    assert status == 200
+    for i, translation in enumerate(nbest["translations"]):
+        ours = [(h["score"], h["text"]) for h in translation["hypotheses"]]
+        assert [text for _, text in ours] == [text for _, text in interactive["de-fr"][i]]
+        assert [score for score, _ in ours] == pytest.approx(
+            [score for score, _ in interactive["de-fr"][i]], abs=1e-4
+        )
+
+
+def test_languages_and_the_pairs_a_request_may_ask_for(server):
+    async def ask() -> list:
+        async with aiohttp.ClientSession() as session:
+            def libre(**pair: str):
+                body = {"q": "de1 de2", **pair}
+                return status_and_json(session.post(server.url + "/translate", json=body))
+
+            return await asyncio.gather(
+                status_and_json(session.get(server.url + "/languages")),
+                libre(source="en", target="de"),
+                libre(source="auto", target="en"),
+                libre(source="de", target="xx"),
+                libre(source="de", target=["en"]),
+            )
+
+    languages, unknown, auto, other, not_code = asyncio.run(asyncio.wait_for(ask(), 60))
+    assert languages == (200, [
+        {"code": "de", "name": "German", "targets": ["en", "fr"]},
+        {"code": "en", "name": "English", "targets": ["fr"]},
+        {"code": "fr", "name": "French", "targets": ["de"]},
+    ])  # fmt: skip
+    assert unknown == (400, {"error": "the model does not translate en to de "
+                                      "(GET /languages lists what it does)"})  # fmt: skip
+    assert auto[0] == 400 and "'auto' needs a language identifier" in auto[1]["error"]
+    assert other[0] == 400 and "does not translate de to xx" in other[1]["error"]
+    assert not_code == (400, {"error": "'source' and 'target' are language codes (strings)"})
+
+
+def test_page_chooses_the_pair_from_languages_and_swaps_it(server, interactive, tmp_path):
+    """Headless chromium: the selectors hold /languages' sources and the source's targets, the
+    default pair chosen; swap is offered only where the model translates the other way; a line
+    sent after a swap comes back in the swapped pair."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    browser = chromium(tmp_path)
+    wait = WebDriverWait(browser, 60)
+
+    def chosen() -> tuple[str, list[str], str, list[str], bool]:
+        source, target = (Select(browser.find_element(By.ID, name)) for name in ("source",
+                                                                                 "target"))
+        return (source.first_selected_option.get_attribute("value"),
+                [o.get_attribute("value") for o in source.options],
+                target.first_selected_option.get_attribute("value"),
+                [o.get_attribute("value") for o in target.options],
+                browser.find_element(By.ID, "swap").is_enabled())  # fmt: skip
+
+    try:
+        browser.get(server.url + "/")
+        wait.until(lambda b: b.find_element(By.ID, "target").get_attribute("value"))
+        at_start = chosen()
+        names = [o.text for o in Select(browser.find_element(By.ID, "source")).options]
+        Select(browser.find_element(By.ID, "target")).select_by_value("fr")
+        to_french = chosen()
+        browser.find_element(By.ID, "swap").click()
+        swapped = chosen()
+        line = source_lines("fr-de")[0]
+        browser.find_element(By.ID, "text").send_keys(line, Keys.CONTROL, Keys.ENTER)
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "tr.sentence"))
+        best = browser.find_element(By.CSS_SELECTOR, "tr.sentence tr.hypothesis td.text").text
+        error = browser.find_element(By.ID, "error").text
+    finally:
+        browser.quit()
+    assert at_start == ("de", ["de", "en", "fr"], "en", ["en", "fr"], False)
+    assert names == ["German", "English", "French"]
+    assert to_french == ("de", ["de", "en", "fr"], "fr", ["en", "fr"], True)
+    assert swapped == ("fr", ["de", "en", "fr"], "de", ["de"], True)
+    assert (best, error) == (interactive["fr-de"][0][0][1], "")
