@@ -1,8 +1,9 @@
 """A tiny multilingual model of fairseq's task ``translation_multi_simple_epoch`` for tests: three
 toy languages (de, en, fr: words ``de0 ... de11``, ...; a sentence's translation is its words in
 the other language), four pairs, one dictionary, a 2+2-layer transformer trained for a few
-seconds with M2M-100's language tokens; and fairseq's command-line tools run in this process
-(each one would spend seconds importing torch and fairseq)."""
+seconds with M2M-100's language tokens (through task beam_translation_multi); and fairseq's
+command-line tools run in this process (each one would spend seconds importing torch and
+fairseq)."""
 
 from __future__ import annotations
 
@@ -76,11 +77,12 @@ def task_options(data: Path, langtoks: str = "m2m") -> list[str]:
 
 
 def trained_model(root: Path) -> tuple[Path, Path]:
-    """The data directory and a checkpoint trained on it for 60 updates (seconds)."""
+    """The data directory and a checkpoint trained on it for 60 updates (seconds), through our
+    task (fairseq's would train the same)."""
     data = multilingual_data(root)
     run_tool(
         "fairseq-train", *task_options(data), "--user-dir", "beamplugin",
-        "--task", "translation_multi_simple_epoch", "--arch", "transformer",
+        "--task", "beam_translation_multi", "--arch", "transformer",
         "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "16",
         "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
         "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from beamplugin.fairseq_plugin.beam_task import BeamSearchConfig, BeamSearchTask
 from beamplugin.fairseq_plugin.generation_stream import Batch
-from beamplugin.fairseq_plugin.language_pairs import LanguagePairs
+from beamplugin.fairseq_plugin.language_pairs import LanguagePairs, LanguageTokens
 
 
 @register_task("beam_translation_multi")
@@ -42,7 +42,8 @@ class BeamTranslationMultiTask(BeamSearchTask, TranslationMultiSimpleEpochTask):
 
     @cached_property
     def languages(self) -> LanguagePairs:
-        """Every pair of ``--lang-pairs``, the default one that of ``-s`` and ``-t``."""
+        """Every pair of ``--lang-pairs``, the default one that of ``-s`` and ``-t`` (needed:
+        decoding only)."""
         return LanguagePairs.of(self)
 
     def decoder_prompts(self, batch: Batch) -> tuple[Tensor | None, int | None]:
@@ -56,7 +57,10 @@ class BeamTranslationMultiTask(BeamSearchTask, TranslationMultiSimpleEpochTask):
 
     def max_line_tokens(self, models: list[Any]) -> int | None:
         limit = super().max_line_tokens(models)
-        return limit if limit is None else limit - self.languages.added_source_tokens
+        if limit is None:
+            return None
+        tokens = LanguageTokens.of(self.args, self.source_dictionary, self.target_dictionary)
+        return limit - tokens.added_source_tokens  # room for the source's language token
 
     def build_generator(
         self,

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from fairseq.data import Dictionary
-from fairseq.data.multilingual.multilingual_data_manager import MultilingualDatasetManager
 from fairseq.data.multilingual.multilingual_utils import get_lang_tok
 from fairseq.tasks.translation_multi_simple_epoch import TranslationMultiSimpleEpochTask
 from torch import Tensor
@@ -42,14 +41,11 @@ class LanguageTokens:
     kept_in_output: bool  # --keep-inference-langtok
 
     @classmethod
-    def of(cls, args: Any, source_dictionary: Dictionary, target_dictionary: Dictionary
-           ) -> LanguageTokens:  # fmt: skip
+    def of(cls, args: Any, source: Dictionary, target: Dictionary) -> LanguageTokens:
         encoder, decoder = args.langtoks["main"]
-        return cls(
-            source_dictionary, target_dictionary, args.lang_tok_style, encoder, decoder,
-            bool(args.lang_tok_replacing_bos_eos), bool(getattr(args, "keep_inference_langtok",
-                                                               False)),
-        )  # fmt: skip
+        replaces = bool(args.lang_tok_replacing_bos_eos)
+        kept = bool(getattr(args, "keep_inference_langtok", False))
+        return cls(source, target, args.lang_tok_style, encoder, decoder, replaces, kept)
 
     @property
     def added_source_tokens(self) -> int:
@@ -71,9 +67,10 @@ class LanguageTokens:
 
     def _index(self, lang: str, spec: str, dictionary: Dictionary) -> int:
         token = get_lang_tok(lang=lang, lang_tok_style=self.style, spec=spec)
-        if dictionary.index(token) == dictionary.unk():
+        index = dictionary.index(token)
+        if index == dictionary.unk():
             raise ValueError(f"the dictionary has no language token {token} for {lang!r}")
-        return MultilingualDatasetManager.get_langtok_index(token, dictionary)
+        return index
 
 
 class LanguagePairs:
@@ -85,6 +82,9 @@ class LanguagePairs:
         self.pairs = list(dict.fromkeys([*pairs, default]))
         self.default = default
         self.tokens = tokens
+        self._targets: dict[str, list[str]] = {}  # M2M-100 has 9,900 pairs: looked up, not searched
+        for source, target in self.pairs:
+            self._targets.setdefault(source, []).append(target)
         for pair in self.pairs if tokens else ():  # a missing token stops the start, not a request
             tokens.source(pair)
             tokens.target(pair[1])
@@ -112,14 +112,14 @@ class LanguagePairs:
         return 0 if self.tokens is None else self.tokens.added_source_tokens
 
     def knows(self, pair: Pair) -> bool:
-        return pair in self.pairs
+        return pair[1] in self._targets.get(pair[0], ())
 
     def sources(self) -> list[str]:
         """The source languages, in the order of the pairs."""
-        return list(dict.fromkeys(source for source, _ in self.pairs))
+        return list(self._targets)
 
     def targets(self, source: str) -> list[str]:
-        return [target for src, target in self.pairs if src == source]
+        return list(self._targets.get(source, ()))
 
     def source_tokens(self, pair: Pair, tokens: Tensor) -> Tensor:
         """``tokens`` (1-D, ending in EOS) as the encoder reads them in ``pair``."""
