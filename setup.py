@@ -33,7 +33,7 @@ setup(
     packages=find_packages(include=["beamplugin", "beamplugin.*"]),
     python_requires=">=3.11",
     package_data={
-        "beamplugin.serving": ["page.html", "docs.html"],
+        "beamplugin.serving": ["page.html", "docs.html", "language_names.json"],
         "beamplugin.kernels": ["native/*.c", "native/*.h", "native/*/*.h"],  # built on first use
     },
     install_requires=INSTALL_REQUIRES,

@@ -1,7 +1,8 @@
 """beamplugin: a fairseq user dir (``--user-dir beamplugin``).
 
-Registers the ``beam_translation`` task and the ``convs2s`` model, makes fairseq's checkpoint
-loading safe under torch's ``weights_only`` unpickler, and exports our SequenceGenerator.
+Registers the ``beam_translation`` and ``beam_translation_multi`` tasks and the ``convs2s``
+model, makes fairseq's checkpoint loading safe under torch's ``weights_only`` unpickler, and
+exports our SequenceGenerator.
 The layers, from the bottom: runtime, modules and models, search, engine, streams, the
 fairseq plugin, serving (docs/architecture.md).
 """
@@ -11,7 +12,10 @@ from beamplugin.fairseq_plugin import checkpoint_safety
 checkpoint_safety.install()
 
 from beamplugin import models  # noqa: E402  (registers the model and its archs)
-from beamplugin.fairseq_plugin import beam_translation  # noqa: E402, F401  (registers the task)
+from beamplugin.fairseq_plugin import (  # noqa: E402, F401  (register the tasks)
+    beam_translation,
+    beam_translation_multi,
+)
 from beamplugin.fairseq_plugin.generator import SequenceGenerator  # noqa: E402
 
 __all__ = ["SequenceGenerator", "models"]

@@ -58,7 +58,7 @@ def bad_inputs(sentence: str, body_limit: int, source: str, target: str) -> list
         BadInput("not an object", "/v1/translate", as_json([sentence]), 400, "JSON object"),
         BadInput(
             "wrong language pair", "/translate",
-            as_json({"q": sentence, "source": target, "target": source}), 400, "translates",
+            as_json({"q": sentence, "source": target, "target": source}), 400, "does not translate",
         ),  # fmt: skip
         BadInput(
             "line too long", "/v1/translate",

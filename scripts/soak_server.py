@@ -51,10 +51,11 @@ def offline(args: argparse.Namespace, sentences: list[str]) -> dict[str, str]:
     _, cfg = parse_args(model_options(args) + ["--batch-size", "64"])
     translator = Translator(cfg, len(sentences))
     try:
-        sources = translator.encode(sentences)
-        futures = translator.submit(sources)
+        pair = translator.languages.default
+        sources = translator.encode(sentences, pair)
+        futures = translator.submit(sources, pair)
         return {
-            sentence: translator.render(source, future.result())[0].text
+            sentence: translator.render(source, future.result(), pair)[0].text
             for sentence, source, future in zip(sentences, sources, futures, strict=True)
         }
     finally:

@@ -2,9 +2,12 @@
 
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -44,6 +47,36 @@ def binarized_toy_corpus(root: Path) -> Path:
         "--joined-dictionary", "--workers", "1",
     )  # fmt: skip
     return data
+
+
+def lines_by_sentence(output: str) -> dict[int, list[list[str]]]:
+    """S/T/H/D/P/A lines per sentence id, fields split, in the order printed."""
+    by_id: dict[int, list[list[str]]] = {}
+    for line in output.splitlines():
+        match = re.match(r"^([STHDPA])-(\d+)\t(.*)$", line)
+        if match:
+            by_id.setdefault(int(match[2]), []).append([match[1], *match[3].split("\t")])
+    return by_id
+
+
+# fairseq prints scores with 4 decimals: values a hair apart can round to neighbours, one unit of
+# the last printed place apart (plus the float error of parsing them back).
+PRINTED_UNIT = 1e-4 + 1e-9
+
+
+def assert_same_lines(ours: list[list[str]], reference: list[list[str]]) -> None:
+    """The same lines, printed scores equal up to one unit of their last decimal."""
+    assert [line[0] for line in ours] == [line[0] for line in reference]
+    for mine, theirs in zip(ours, reference, strict=True):
+        if mine[0] in "HD":
+            assert float(mine[1]) == pytest.approx(float(theirs[1]), abs=PRINTED_UNIT)
+            assert mine[2:] == theirs[2:]
+        elif mine[0] == "P":
+            assert [float(x) for x in mine[1].split()] == pytest.approx(
+                [float(x) for x in theirs[1].split()], abs=PRINTED_UNIT
+            )
+        else:
+            assert mine == theirs
 
 
 # A toy German-English language, word for word, for models that read and write raw text.

@@ -130,3 +130,18 @@ async def status_and_json(request) -> tuple[int, dict]:
         return response.status, await response.json()
 
 
+def chromium(tmp_path: Path) -> Any:
+    """Debian's headless chromium through its driver (a selenium WebDriver; quit it)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 f"--user-data-dir={tmp_path / 'profile'}"):  # fmt: skip
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    browser.set_page_load_timeout(60)
+    return browser

@@ -10,7 +10,13 @@ import aiohttp
 import pytest
 import torch
 from fairseq import checkpoint_utils
-from fairseq_tools import N_TEST, binarized_toy_corpus, run_tool
+from fairseq_tools import (
+    N_TEST,
+    assert_same_lines,
+    binarized_toy_corpus,
+    lines_by_sentence,
+    run_tool,
+)
 from hostile import RunsCode
 from server_tools import Server
 
@@ -54,36 +60,6 @@ def test_generate_translates_every_test_sentence(trained, batching):
     assert _hypothesis_ids(out.stdout) == list(range(N_TEST))
 
 
-def _lines_by_sentence(output: str) -> dict[int, list[list[str]]]:
-    """S/T/H/D/P/A lines per sentence id, fields split, in the order printed."""
-    by_id: dict[int, list[list[str]]] = {}
-    for line in output.splitlines():
-        match = re.match(r"^([STHDPA])-(\d+)\t(.*)$", line)
-        if match:
-            by_id.setdefault(int(match[2]), []).append([match[1], *match[3].split("\t")])
-    return by_id
-
-
-# fairseq prints scores with 4 decimals: values a hair apart can round to neighbours, one unit of
-# the last printed place apart (plus the float error of parsing them back).
-PRINTED_UNIT = 1e-4 + 1e-9
-
-
-def _assert_same_lines(ours: list[list[str]], reference: list[list[str]]) -> None:
-    """The same lines, printed scores equal up to one unit of their last decimal."""
-    assert [line[0] for line in ours] == [line[0] for line in reference]
-    for mine, theirs in zip(ours, reference, strict=True):
-        if mine[0] in "HD":
-            assert float(mine[1]) == pytest.approx(float(theirs[1]), abs=PRINTED_UNIT)
-            assert mine[2:] == theirs[2:]
-        elif mine[0] == "P":
-            assert [float(x) for x in mine[1].split()] == pytest.approx(
-                [float(x) for x in theirs[1].split()], abs=PRINTED_UNIT
-            )
-        else:
-            assert mine == theirs
-
-
 @pytest.mark.parametrize(
     "options",
     [
@@ -100,10 +76,10 @@ def test_generate_as_one_stream_prints_what_batch_after_batch_prints(trained, op
               "test", *options]  # fmt: skip
     continuous = run_tool(*common)
     static = run_tool(*common, "--batching", "static")
-    ours, reference = _lines_by_sentence(continuous.stdout), _lines_by_sentence(static.stdout)
+    ours, reference = lines_by_sentence(continuous.stdout), lines_by_sentence(static.stdout)
     assert sorted(ours) == sorted(reference) == list(range(N_TEST))
     for sentence_id in reference:
-        _assert_same_lines(ours[sentence_id], reference[sentence_id])
+        assert_same_lines(ours[sentence_id], reference[sentence_id])
     report = re.search(
         r"continuous batching: (\d+) sentences decoded as one stream, at most (.*) in flight; "
         r"(\d+) sentences joined others mid-search", continuous.stderr + continuous.stdout
@@ -140,12 +116,12 @@ def test_generate_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypothes
               "--beam", "4", "--cpu", "--gen-subset", "test", "--batch-size", "16"]
     ours = run_tool(*common, "--task", "beam_translation")
     fairseq = run_tool(*common, "--task", "translation")  # fairseq's own generator
-    mine, reference = _lines_by_sentence(ours.stdout), _lines_by_sentence(fairseq.stdout)
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == list(range(N_TEST))
     # fairseq's own batching leaves a few sentences out (our task's batching keeps them all)
     assert len(reference) >= 0.9 * N_TEST
     for sentence_id in reference:
-        _assert_same_lines(mine[sentence_id], reference[sentence_id])
+        assert_same_lines(mine[sentence_id], reference[sentence_id])
     joined = re.search(r"(\d+) sentences joined others mid-search", ours.stderr + ours.stdout)
     assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
 
@@ -164,10 +140,10 @@ def test_interactive_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypot
     stdin = "\n".join(TRANSFORMER_LINES) + "\n"
     ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
     fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
-    mine, reference = _lines_by_sentence(ours.stdout), _lines_by_sentence(fairseq.stdout)
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
     for sentence_id in reference:
-        _assert_same_lines(mine[sentence_id], reference[sentence_id])
+        assert_same_lines(mine[sentence_id], reference[sentence_id])
     joined = re.search(r"(\d+) sentences joined others mid-search", ours.stderr + ours.stdout)
     assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
 

@@ -23,6 +23,7 @@ from server_tools import (
     BODY_LIMIT,
     LINES,
     Server,
+    chromium,
     metric,
     model_options,
     shared_toy_model,
@@ -136,7 +137,7 @@ def test_libretranslate_form_and_auto_source(server, interactive):
         "translatedText": interactive[2][0]["text"],
         "detectedLanguage": {"language": "de", "confidence": 0.0},
     })  # fmt: skip
-    assert (languages_status, languages) == (200, [{"code": "de", "name": "de",
+    assert (languages_status, languages) == (200, [{"code": "de", "name": "German",
                                                     "targets": ["en"]}])  # fmt: skip
 
 
@@ -295,29 +296,21 @@ def test_sigterm_under_load_answers_every_accepted_request(small_server, interac
 
 
 def test_page_and_docs_in_a_real_browser(server, interactive, tmp_path):
-    """Headless chromium: a sentence typed and sent with Ctrl+Enter comes back beside its
-    source with its n-best list and scores, and the time taken; a refused request shows its
+    """Headless chromium: the pair's selectors show the one pair; a sentence typed and sent
+    with Ctrl+Enter comes back beside its source with its n-best list and scores, and the time
+    taken; a refused request shows its
     error inline; /docs shows every endpoint of /spec."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'profile'}"):  # fmt: skip
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    browser = chromium(tmp_path)
     wait = WebDriverWait(browser, 60)
     try:
-        browser.set_page_load_timeout(60)
         browser.get(server.url + "/")
-        assert browser.find_element(By.ID, "source").text == "de"
-        assert browser.find_element(By.ID, "target").text == "en"
+        wait.until(lambda b: b.find_element(By.ID, "target").get_attribute("value"))
+        assert browser.find_element(By.ID, "source").get_attribute("value") == "de"
+        assert browser.find_element(By.ID, "target").get_attribute("value") == "en"
         nbest = browser.find_element(By.ID, "nbest")
         nbest.clear()
         nbest.send_keys("2")

@@ -45,9 +45,10 @@ def offline(toy) -> list[str]:
     translator = Translator(cfg, 8)
     try:
         texts = []
-        for source in translator.encode(LINES):
-            [future] = translator.submit([source])
-            texts.append(translator.render(source, future.result(60))[0].text)
+        pair = translator.languages.default
+        for source in translator.encode(LINES, pair):
+            [future] = translator.submit([source], pair)
+            texts.append(translator.render(source, future.result(60), pair)[0].text)
     finally:
         translator.close()
     return texts

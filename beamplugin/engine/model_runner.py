@@ -15,7 +15,8 @@ from torch import Tensor
 
 from beamplugin.engine.ensemble import EnsembleDecoder
 from beamplugin.engine.scheduler import Encoded, Waiting
-from beamplugin.engine.slots import Slots, stack_padded
+from beamplugin.engine.slots import Sentence, Slots, stack_padded
+from beamplugin.runtime.host_transfer import to_device
 from beamplugin.search.beam_step import BeamStep
 from beamplugin.search.options import DecodingOptions
 
@@ -30,7 +31,8 @@ class Pending(NamedTuple):
 
 
 class ModelRunner:
-    """Runs ``model`` for the sentences of ``slots``; new rows start with ``bos``."""
+    """Runs ``model`` for the sentences of ``slots``; new rows start with their request's BOS,
+    or else ``bos``."""
 
     def __init__(self, model: EnsembleDecoder, options: DecodingOptions, bos: int) -> None:
         self.model = model
@@ -69,9 +71,7 @@ class ModelRunner:
         beam = self.beam
         if pending is None:  # every sentence is new: a new batch
             slots.start_step()
-            multi = len(slots.live) - slots.one_row
-            rows = multi * beam + slots.one_row
-            self.tokens = torch.full((rows, 1), self.bos, dtype=torch.long, device=slots.device)
+            self.tokens = self.first_tokens(slots.live, 1 if slots.one_row else beam, slots.device)
             self.cumulative = self.attention = self.scores = None
             self.states = [{} for _ in self.model.models]
             return
@@ -91,7 +91,9 @@ class ModelRunner:
             # New sentences' rows: BOS after padding, score 0. Models that decode a first step
             # in beam identical rows get one live hypothesis and beam - 1 dead copies.
             rows = torch.cat([rows, rows.new_zeros(fresh_rows)])  # placeholders, reset below
-            new_tokens = torch.cat([new_tokens, new_tokens.new_full((fresh_rows, 1), self.bos)])
+            rows_each = 1 if slots.one_row else beam
+            first = self.first_tokens(slots.live[-fresh:], rows_each, slots.device)
+            new_tokens = torch.cat([new_tokens, first])
             if slots.one_row:
                 row_scores = torch.cat([row_scores.view(-1), scores.new_zeros(fresh)])
             else:
@@ -115,6 +117,17 @@ class ModelRunner:
             self.tokens[-fresh_rows:, :-1] = self.options.pad
         self.scores = scores
         self.model.reorder_states(self.reorderers, self.states, rows, fresh_rows)
+
+    def first_tokens(
+        self, sentences: list[Sentence], rows_each: int, device: torch.device | None
+    ) -> Tensor:
+        """``[rows, 1]`` the first token of new sentences' rows: each request's own BOS, or the
+        engine's."""
+        if all(s.bos is None for s in sentences):
+            return torch.full((len(sentences) * rows_each, 1), self.bos, dtype=torch.long,
+                              device=device)  # fmt: skip
+        own = [self.bos if s.bos is None else s.bos for s in sentences]
+        return to_device(own, device).repeat_interleave(rows_each).unsqueeze(1)
 
     def forward(self, slots: Slots) -> tuple[Tensor, Tensor | None]:
         """One decoder forward for every row: log-probs ``[rows, vocab]`` and attention

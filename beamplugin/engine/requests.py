@@ -26,6 +26,9 @@ class Request:
     # generator then counts them (without EOS)
     src_lengths: Tensor | None = None
     prefix_tokens: Tensor | None = None  # [sentences, p] forced first tokens, pad: free choice
+    # what the hypotheses start from (a target-language token of a multilingual model trained
+    # with --lang-tok-replacing-bos-eos); None: the engine's (EOS, as in fairseq)
+    bos: int | None = None
     max_len: int = -1  # output tokens before EOS is forced: set by Scheduler.check
 
     @property

@@ -41,6 +41,7 @@ class Sentence:
     prefix_len: int  # steps its forced prefix covers (its request's prefix width)
     prefix_end: int  # step at which its prefix forces EOS, -1 if none does
     nbest: NBest
+    bos: int | None = None  # its request's first token (None: the engine's)
     step: int = 0  # output tokens it has
     block: int = 0  # its width block among the sentences with beam rows
     cancelled: bool = False  # leaves at the end of the next step, with no result
@@ -101,6 +102,7 @@ class Slots:
                     prefix_len=prefix.size(1),
                     prefix_end=prefix_ends[row],
                     nbest=NBest(self.beam, evict_worst=options.stopping == "exact"),
+                    bos=request.bos,
                 )
                 for row, key in enumerate(request.keys)
             )

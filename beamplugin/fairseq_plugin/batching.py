@@ -71,8 +71,14 @@ class LosslessBatchingDataset(BaseWrapperDataset):
     ) -> list[np.ndarray]:
         return batch_by_size(
             indices,
-            self.dataset.num_tokens_vec(indices),
+            self._num_tokens(indices),
             max_tokens,
             max_sentences,
             required_batch_size_multiple,
         )
+
+    def _num_tokens(self, indices: np.ndarray) -> np.ndarray:
+        try:
+            return self.dataset.num_tokens_vec(indices)
+        except NotImplementedError:  # as fairseq's batch_by_size falls back (ConcatDataset)
+            return np.array([self.dataset.num_tokens(i) for i in indices], dtype=np.int64)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from fairseq import utils
+from torch import Tensor
 
 from beamplugin.engine import DecodingEngine, Finished, Request
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
@@ -30,6 +31,9 @@ from beamplugin.streams import IteratorSource, run, sentence_request
 logger = logging.getLogger(__name__)
 
 Batch = dict[str, Any]
+# A batch's forced prefixes [sentences, p] (or None) and the BOS its hypotheses start from (or
+# None: EOS): the task's ``decoder_prompts``.
+Prompts = Callable[[Batch], tuple[Tensor | None, int | None]]
 
 
 class ReadAhead:
@@ -63,11 +67,11 @@ class ReadAhead:
     def __getattr__(self, name: str) -> Any:  # n, has_next, take, ...: the wrapped iterator's
         return getattr(self.batches, name)
 
-    def start_stream(self, generator: SequenceGenerator, prefix_size: int) -> GenerationStream:
+    def start_stream(self, generator: SequenceGenerator, prompts: Prompts) -> GenerationStream:
         """The stream for ``generator``, from the batch handed out last on (made once)."""
         if self.stream is None or self.stream.generator is not generator:
             self._unread = deque([self.handed_out])
-            self.stream = GenerationStream(self, generator, prefix_size)
+            self.stream = GenerationStream(self, generator, prompts)
         return self.stream
 
     def read(self) -> Batch | None:
@@ -102,10 +106,10 @@ class ReadAhead:
 class GenerationStream:
     """Decodes the batches of a :class:`ReadAhead` as one stream for ``inference_step``."""
 
-    def __init__(self, batches: ReadAhead, generator: SequenceGenerator, prefix_size: int):
+    def __init__(self, batches: ReadAhead, generator: SequenceGenerator, prompts: Prompts):
         self.batches = batches
         self.generator = generator
-        self.prefix_size = prefix_size
+        self.prompts = prompts
         max_tokens = batches.max_tokens and batches.max_tokens * generator.beam_size
         self.engine = DecodingEngine.of(generator, batches.max_sentences, max_tokens)
         self.pad = generator.pad
@@ -121,14 +125,12 @@ class GenerationStream:
             if "net_input" not in batch:
                 continue
             src_tokens = batch["net_input"]["src_tokens"]
-            prefixes = None
-            if self.prefix_size > 0:
-                prefixes = batch["target"][:, : self.prefix_size]
+            prefixes, bos = self.prompts(batch)
             for row, sentence_id in enumerate(batch["id"].tolist()):
                 tokens = to_device(utils.strip_pad(src_tokens[row], self.pad), self.device)
                 prefix = None if prefixes is None else to_device(prefixes[row], self.device)
                 self.sentences += 1
-                yield sentence_request(sentence_id, tokens, prefix)
+                yield sentence_request(sentence_id, tokens, prefix, bos)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """The hypotheses of every sentence of the batch handed out last."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from beamplugin.fairseq_plugin.language_pairs import Pair
 from beamplugin.serving.decoder_process import DecoderRestarting
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.metrics import ServerMetrics
@@ -33,9 +34,11 @@ class Admission:
         self.max_sentences, self.request_timeout = max_sentences, request_timeout
         self.stopping = False
 
-    async def translate(self, lines: list[str], nbest: int) -> list[list[Translation]]:
-        """The ``nbest`` best translations of each line, in order; Refused if the request
-        cannot be taken (nothing of it is then queued) or is not answered in time (its
+    async def translate(
+        self, lines: list[str], nbest: int, pair: Pair
+    ) -> list[list[Translation]]:
+        """The ``nbest`` best translations of each line in ``pair``, in order; Refused if the
+        request cannot be taken (nothing of it is then queued) or is not answered in time (its
         sentences are then cancelled, as they are when the client goes away)."""
         retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         stopping = Refused(503, "the server is stopping", retry, reason="stopping")
@@ -45,11 +48,11 @@ class Admission:
             raise Refused(400, f"{len(lines)} sentences: a request has 1 to {self.max_sentences}")
         self.guards.check_characters(lines)
         try:
-            sources = self.translator.encode(lines)
+            sources = self.translator.encode(lines, pair)
         except RefusedSentence as refusal:
             raise Refused(400, str(refusal)) from None
         try:
-            futures = self.translator.submit(sources)
+            futures = self.translator.submit(sources, pair)
         except QueueFull:
             raise Refused(
                 503,
@@ -77,7 +80,7 @@ class Admission:
                 future.cancel()  # a sentence already answered stays answered
         translations = []
         for source, hypotheses in zip(sources, results, strict=True):
-            rendered = self.translator.render(source, hypotheses[:nbest])
+            rendered = self.translator.render(source, hypotheses[:nbest], pair)
             translations.append(rendered)
             self.metrics.sentences.inc()
             self.metrics.source_tokens.inc(len(source))

@@ -35,8 +35,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
 from beamplugin.serving.guards import Guards
+from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
-from beamplugin.serving.requests import LibreRequest, NbestRequest, ServedPair, read_body
+from beamplugin.serving.requests import LibreRequest, NbestRequest, Served, read_body
 from beamplugin.serving.responses import Refused, json_answer
 from beamplugin.serving.spec import SpecSettings, openapi
 from beamplugin.serving.translator import Translation, Translator
@@ -66,11 +67,13 @@ class TranslationService:
         self.admission = Admission(
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
-        self.pair = pair = ServedPair.of(translator)
+        self.served = served = Served.of(translator)
+        languages = served.languages
         self.spec = openapi(SpecSettings(
-            pair.source, pair.target, pair.beam, pair.nbest, max_request_sentences,
+            languages.default, languages.sources(), sorted({t for _, t in languages.pairs}),
+            served.beam, served.nbest, max_request_sentences,
             keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
-            char_limit=self.guards.char_limit, aligns=pair.aligns,
+            char_limit=self.guards.char_limit, aligns=served.aligns,
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
@@ -128,8 +131,8 @@ class TranslationService:
         """LibreTranslate's ``/translate``: ``q`` a string or a list of strings."""
         body = await read_body(request)
         self.guards.admit(request, body)
-        ask = LibreRequest.parse(body, self.pair)
-        translations = await self.admission.translate(ask.lines, 1 + ask.alternatives)
+        ask = LibreRequest.parse(body, self.served)
+        translations = await self.admission.translate(ask.lines, 1 + ask.alternatives, ask.pair)
         texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
         if ask.alternatives:
@@ -137,7 +140,7 @@ class TranslationService:
         if ask.single:
             answer = {key: value[0] for key, value in answer.items()}
         if ask.detect_source:  # no detection: this server has one source language
-            answer["detectedLanguage"] = {"language": self.pair.source, "confidence": 0.0}
+            answer["detectedLanguage"] = {"language": ask.pair[0], "confidence": 0.0}
         return json_answer(answer)
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
@@ -145,8 +148,8 @@ class TranslationService:
         its k best hypotheses: text, pieces, base-2 score, positional scores (alignment)."""
         body = await read_body(request)
         self.guards.admit(request, body)
-        ask = NbestRequest.parse(body, self.pair)
-        translations = await self.admission.translate(ask.sentences, ask.nbest)
+        ask = NbestRequest.parse(body, self.served)
+        translations = await self.admission.translate(ask.sentences, ask.nbest, ask.pair)
         return json_answer(
             {
                 "translations": [
@@ -159,8 +162,11 @@ class TranslationService:
     # ---- the rest ----------------------------------------------------------------------------
 
     async def libre_languages(self, request: web.Request) -> web.Response:
-        pair = self.pair
-        return json_answer([{"code": pair.source, "name": pair.source, "targets": [pair.target]}])
+        languages = self.served.languages
+        return json_answer([
+            {"code": code, "name": language_name(code), "targets": languages.targets(code)}
+            for code in languages.sources()
+        ])  # fmt: skip
 
     async def health(self, request: web.Request) -> web.Response:
         translator = self.translator
@@ -190,8 +196,8 @@ class TranslationService:
 
     async def page(self, request: web.Request) -> web.Response:
         settings = {
-            "source": self.pair.source,
-            "target": self.pair.target,
+            "source": self.served.languages.default[0],
+            "target": self.served.languages.default[1],
             "beam": self.translator.beam,
             "nbest": self.translator.nbest,
             "keys": self.guards.keys is not None,  # the page then asks for one
@@ -232,8 +238,11 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     address = runner.addresses[0]
-    pair = service.pair
-    logger.info("serving %s-%s on http://%s:%d", pair.source, pair.target, *address[:2])
+    languages = service.served.languages
+    if languages.multilingual:
+        logger.info("%d language pairs; by default %s-%s", len(languages.pairs),
+                    *languages.default)  # fmt: skip
+    logger.info("serving %s-%s on http://%s:%d", *languages.default, *address[:2])
     await stop.wait()
     logger.info("stopping: no new requests; answering those accepted")
     service.admission.stopping = True

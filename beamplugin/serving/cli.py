@@ -27,7 +27,10 @@ DECODING_OPTIONS = [
     (("data",), "DATA-BIN", "the data directory the model was trained with (its dictionaries)"),
     (("--path",), "CKPT.pt", "the checkpoint; A.pt:B.pt decodes with an ensemble"),
     (("-s", "--source-lang"), "SRC", "source language (as in the data directory)"),
-    (("-t", "--target-lang"), "TGT", "target language"),
+    (("-t", "--target-lang"), "TGT", "target language (with -s: the default pair)"),
+    (("--task",), "NAME", "beam_translation (default), or beam_translation_multi for a "
+     "multilingual model (M2M-100, NLLB: with its --lang-pairs, --encoder-langtok src, "
+     "--decoder-langtok, --fixed-dictionary), every pair of which is served"),
     (("--bpe",), "NAME", "the BPE of the model's text, e.g. sentencepiece"),
     (("--sentencepiece-model",), "SPM.model", "with --bpe sentencepiece: its model"),
     (("--tokenizer",), "NAME", "a tokenizer before the BPE (moses, ...)"),

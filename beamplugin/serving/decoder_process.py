@@ -42,6 +42,7 @@ from torch import Tensor
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
 from beamplugin.streams import (
+    Prompt,
     QueueFull,
     StreamClosed,
     StreamFailed,
@@ -142,9 +143,10 @@ class DecoderProcess:
         """Sentences accepted and not in flight yet."""
         return max(0, len(self._futures) - self.in_flight)
 
-    def submit_together(self, sentences: list[Tensor]) -> list[Future]:
-        """Futures of the sentences' hypotheses (best first), all queued or, with too few
-        places free, none (QueueFull)."""
+    def submit_together(self, sentences: list[Tensor], prompt: Prompt | None = None
+                        ) -> list[Future]:  # fmt: skip
+        """Futures of the sentences' hypotheses (best first, starting with ``prompt``), all
+        queued or, with too few places free, none (QueueFull)."""
         with self._lock:
             self._check_open()
             if len(sentences) > self.max_queued:
@@ -162,7 +164,7 @@ class DecoderProcess:
             try:
                 self._child.conn.send(("submit", [
                     (key, tokens.cpu().numpy()) for key, tokens in zip(keys, sentences, strict=True)
-                ]))  # fmt: skip
+                ], _prompt_arrays(prompt)))  # fmt: skip
             except OSError:  # the child is gone; the reader fails the rest and restarts it
                 raise DecoderRestarting("the decoder process is gone; restarting") from None
             futures = [Future() for _ in sentences]
@@ -367,9 +369,10 @@ def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> 
                 if future is not None:
                     future.cancel()  # answer() tells the parent
             continue
+        prefix, bos = _prompt_on(device, *message[2])
         for key, tokens in message[1]:
             try:
-                future = stream.submit(torch.from_numpy(tokens).to(device))
+                future = stream.submit(torch.from_numpy(tokens).to(device), prefix, bos=bos)
             except StreamClosed as refused:  # the decoder failed earlier
                 send(("error", key, _picklable(refused), stream.in_flight, True))
                 continue
@@ -419,6 +422,16 @@ def _tensors(hypothesis: dict[str, Any]) -> Hypothesis:
         name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value
         for name, value in hypothesis.items()
     }
+
+
+def _prompt_arrays(prompt: Prompt | None) -> tuple[np.ndarray | None, int | None]:
+    """A prompt as it crosses the pipe (as hypotheses do, without tensors)."""
+    prefix, bos = prompt or Prompt()
+    return (None if prefix is None else prefix.cpu().numpy()), bos
+
+
+def _prompt_on(device: torch.device, prefix: np.ndarray | None, bos: int | None) -> Prompt:
+    return Prompt(None if prefix is None else torch.from_numpy(prefix).to(device), bos)
 
 
 def _picklable(error: BaseException) -> BaseException:

@@ -1,6 +1,6 @@
 """Loading what decodes: the models of fairseq-interactive's options, prepared as
-fairseq-interactive prepares them, their generator (task beam_translation), and the settings the
-text side needs to know of them."""
+fairseq-interactive prepares them, their generator (task beam_translation or
+beam_translation_multi), and the settings the text side needs to know of them."""
 
 from __future__ import annotations
 
@@ -66,7 +66,8 @@ def load_decoder(cfg: DictConfig, task: Any = None) -> tuple[SequenceGenerator, 
     generator = task.build_generator(models, generation)
     if not isinstance(generator, SequenceGenerator):
         raise ValueError(
-            "the server decodes with beamplugin's beam search (task beam_translation); "
+            "the server decodes with beamplugin's beam search (task beam_translation, or "
+            "beam_translation_multi); "
             "--sampling, diverse beam search and --constraints are not served"
         )
     max_tokens = cfg.dataset.max_tokens

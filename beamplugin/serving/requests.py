@@ -11,86 +11,97 @@ from typing import Any
 
 from aiohttp import web
 
+from beamplugin.fairseq_plugin.language_pairs import LanguagePairs, Pair
 from beamplugin.serving.responses import Refused
 from beamplugin.serving.translator import Translator
 
 
 @dataclass(frozen=True)
-class ServedPair:
-    """What the server translates: the languages, the beam (the most hypotheses a request may
-    ask for), the default n-best and whether it prints alignments."""
+class Served:
+    """What the server translates: the language pairs of its models, the beam (the most
+    hypotheses a request may ask for), the default n-best and whether it prints alignments."""
 
-    source: str
-    target: str
+    languages: LanguagePairs
     beam: int
     nbest: int
     aligns: bool
 
     @classmethod
-    def of(cls, translator: Translator) -> ServedPair:
-        return cls(
-            translator.source_lang, translator.target_lang, translator.beam, translator.nbest,
-            translator.aligns,
-        )  # fmt: skip
+    def of(cls, translator: Translator) -> Served:
+        return cls(translator.languages, translator.beam, translator.nbest, translator.aligns)
 
-    def check(self, body: dict[str, Any], required: bool) -> None:
-        """Refused unless the body's ``source`` and ``target`` (required, or else optional)
-        are this pair (``source`` may be ``auto``)."""
+    def pair(self, body: dict[str, Any], required: bool) -> Pair:
+        """The pair of the body's ``source`` and ``target`` (required, or else the default
+        pair's where absent), or Refused: a pair the models do not translate, or ``source``
+        ``auto`` with more than one source language (no language identifier is configured)."""
         given = body.get("source"), body.get("target")
         if required and None in given:
             raise Refused(400, "'source' and 'target' are required (language codes)")
-        if given[0] not in (None, self.source, "auto") or given[1] not in (None, self.target):
-            raise Refused(
-                400,
-                f"this server translates {self.source} to {self.target}, "
-                f"not {given[0]} to {given[1]}",
-            )
+        if not all(isinstance(code, str) for code in given if code is not None):
+            raise Refused(400, "'source' and 'target' are language codes (strings)")
+        languages = self.languages
+        source, target = (d if g is None else g for g, d in zip(given, languages.default,
+                                                                 strict=True))  # fmt: skip
+        if source == "auto":
+            sources = languages.sources()
+            if len(sources) > 1:
+                raise Refused(400, "'source': 'auto' needs a language identifier and this "
+                                   "server has none: give the source language (GET /languages)")
+            source = sources[0]
+        if not languages.knows((source, target)):
+            raise Refused(400, f"the model does not translate {source} to {target} "
+                               "(GET /languages lists what it does)")  # fmt: skip
+        return source, target
 
 
 @dataclass(frozen=True)
 class LibreRequest:
-    """LibreTranslate's ``/translate``: ``q`` a string (``single``) or a list of strings, and
-    ``alternatives`` more hypotheses per line."""
+    """LibreTranslate's ``/translate``: ``q`` a string (``single``) or a list of strings,
+    ``alternatives`` more hypotheses per line, in ``pair`` (``source`` and ``target``)."""
 
     lines: list[str]
     single: bool
     alternatives: int
     detect_source: bool
+    pair: Pair
 
     @classmethod
-    def parse(cls, body: dict[str, Any], pair: ServedPair) -> LibreRequest:
-        pair.check(body, required=True)
+    def parse(cls, body: dict[str, Any], served: Served) -> LibreRequest:
+        pair = served.pair(body, required=True)
         q = body.get("q")
         if not (isinstance(q, str) or _strings(q)):
             raise Refused(400, "'q' is required: a string or a list of strings")
         if body.get("format", "text") != "text":
             raise Refused(400, "only format 'text' is served")
-        alternatives = integer_field(body, "alternatives", 0, 0, pair.beam - 1)
+        alternatives = integer_field(body, "alternatives", 0, 0, served.beam - 1)
         single = isinstance(q, str)
-        return cls([q] if single else q, single, alternatives, body.get("source") == "auto")
+        detect = body.get("source") == "auto"
+        return cls([q] if single else q, single, alternatives, detect, pair)
 
 
 @dataclass(frozen=True)
 class NbestRequest:
-    """``/v1/translate``: ``sentences``, ``nbest`` hypotheses of each, with ``alignment``."""
+    """``/v1/translate``: ``sentences``, ``nbest`` hypotheses of each, with ``alignment``, in
+    ``pair`` (the default one unless ``source``/``target`` say)."""
 
     sentences: list[str]
     nbest: int
     alignment: bool
+    pair: Pair
 
     @classmethod
-    def parse(cls, body: dict[str, Any], pair: ServedPair) -> NbestRequest:
-        pair.check(body, required=False)
+    def parse(cls, body: dict[str, Any], served: Served) -> NbestRequest:
+        pair = served.pair(body, required=False)
         sentences = body.get("sentences")
         if not _strings(sentences):
             raise Refused(400, "'sentences' is required: a list of strings")
-        nbest = integer_field(body, "nbest", pair.nbest, 1, pair.beam)
+        nbest = integer_field(body, "nbest", served.nbest, 1, served.beam)
         alignment = body.get("alignment", False)
         if not isinstance(alignment, bool):
             raise Refused(400, "'alignment' must be true or false")
-        if alignment and not pair.aligns:
+        if alignment and not served.aligns:
             raise Refused(400, "alignments are served when the server runs with --print-alignment")
-        return cls(sentences, nbest, alignment)
+        return cls(sentences, nbest, alignment, pair)
 
 
 def _strings(value: Any) -> bool:

@@ -18,8 +18,9 @@ ERROR = {"$ref": "#/components/schemas/Error"}
 class SpecSettings:
     """What the description says of one server."""
 
-    source: str
-    target: str
+    default: tuple[str, str]  # the pair of a request that names none
+    sources: list[str]
+    targets: list[str]
     beam: int
     nbest: int
     max_request_sentences: int
@@ -47,7 +48,7 @@ def _info(s: SpecSettings) -> dict[str, Any]:
         "title": "beamplugin-serve",
         "version": "1",
         "description": (
-            f"Translation {s.source} to {s.target} with fairseq models and beam search "
+            f"Translation {_languages(s)} with fairseq models and beam search "
             f"(beam {s.beam}); each translation is what fairseq-interactive prints for the "
             "line. Errors are answered as {\"error\": \"...\"}."
             + (" Translation requests need an API key: 'api_key' in the body or "
@@ -81,8 +82,8 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
             },  # fmt: skip
         }},
         "/languages": {"get": {
-            "summary": "The language pair (LibreTranslate's)",
-            "responses": {"200": _json("One source language and its target", {
+            "summary": "The language pairs (LibreTranslate's)",
+            "responses": {"200": _json("Each source language, its name and its targets", {
                 "type": "array",
                 "items": {
                     "type": "object",
@@ -155,8 +156,7 @@ def _libre_request(s: SpecSettings) -> dict[str, Any]:
                 ],  # fmt: skip
                 "description": "a line, or a list of lines, to translate",
             },
-            "source": {"type": "string", "enum": [s.source, "auto"]},
-            "target": {"type": "string", "enum": [s.target]},
+            **_pair(s, optional=False),
             "format": {"type": "string", "enum": ["text"], "default": "text"},
             "alternatives": {
                 "type": "integer", "minimum": 0, "maximum": s.beam - 1, "default": 0,
@@ -181,11 +181,27 @@ def _v1_request(s: SpecSettings) -> dict[str, Any]:
                 "description": "the A- alignment of each hypothesis"
                 + ("" if s.aligns else " (this server runs without --print-alignment: 400)"),
             },  # fmt: skip
-            "source": {"type": "string", "enum": [s.source, "auto"]},
-            "target": {"type": "string", "enum": [s.target]},
+            **_pair(s, optional=True),
             "api_key": {"type": "string"},
         },
     }
+
+
+def _languages(s: SpecSettings) -> str:
+    if len(s.sources) == len(s.targets) == 1:
+        return f"{s.sources[0]} to {s.targets[0]}"
+    return f"between {len(s.sources)} source and {len(s.targets)} target languages"
+
+
+def _pair(s: SpecSettings, optional: bool) -> dict[str, Any]:
+    """A request's ``source`` and ``target``: a pair GET /languages lists (else 400); when
+    ``optional``, the default pair's where absent."""
+    auto = ["auto"] if len(s.sources) == 1 else []  # nothing to detect but the one
+    source = {"type": "string", "enum": [*s.sources, *auto]}
+    target = {"type": "string", "enum": s.targets}
+    if optional:
+        source["default"], target["default"] = s.default
+    return {"source": source, "target": target}
 
 
 def _schemas(s: SpecSettings) -> dict[str, Any]:

@@ -22,11 +22,12 @@ import torch
 from fairseq import tasks, utils
 from omegaconf import DictConfig
 
+from beamplugin.fairseq_plugin.language_pairs import LanguagePairs, Pair
 from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.decoder_process import DecoderProcess
 from beamplugin.serving.loading import decoding_device, load_decoder
-from beamplugin.streams import StreamObserver, TranslationStream
+from beamplugin.streams import Prompt, StreamObserver, TranslationStream
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ class Translation:
 
 class Translator:
     """The models of ``cfg`` (fairseq-interactive's options) behind one stream with at most
-    ``max_queued`` sentences waiting; each sentence is decoded as on its own. ``in_process``:
+    ``max_queued`` sentences waiting; each sentence is decoded as on its own, in the language
+    pair its request asks for (``languages``: every pair of a multilingual task's
+    ``--lang-pairs``, the one of ``-s``/``-t`` by default). ``in_process``:
     the stream decodes in a thread of this process (``generator`` is then the models'
     generator), else in a process of its own (beamplugin.serving.decoder_process), which loads
     them."""
@@ -76,32 +79,41 @@ class Translator:
         self.nbest, self.beam = cfg.generation.nbest, settings.beam
         self.capacity = settings.max_sentences, settings.max_tokens
         self.aligns = bool(cfg.generation.print_alignment)
-        self.source_lang, self.target_lang = cfg.task.source_lang, cfg.task.target_lang
+        self.languages = LanguagePairs.of(self.task)
         self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
         tokenizer = self.task.build_tokenizer(cfg.tokenizer)
         bpe = self.task.build_bpe(cfg.bpe)
         self._decode_fn = _chain([bpe, tokenizer], "decode")
-        self.encoder = LineEncoder(
-            self.src_dict, settings.max_source_positions, _chain([tokenizer, bpe], "encode")
-        )
+        limit = settings.max_source_positions
+        if limit is not None:  # room for a language token
+            limit -= self.languages.added_source_tokens
+        self.encoder = LineEncoder(self.src_dict, limit, _chain([tokenizer, bpe], "encode"))
         self.align_dict = utils.load_align_dict(cfg.generation.replace_unk)
-        self._strip = settings.symbols_to_strip
+        # the generator strips the default pair's target-language token; a request its own
+        self._strip = settings.symbols_to_strip - self.languages.output_tokens(
+            self.languages.default
+        )
 
-    def encode(self, lines: list[str]) -> list[torch.Tensor]:
-        """The source tokens of every line, or RefusedSentence for the first one that cannot be
-        translated (LineEncoder's reasons: not UTF-8, empty, too long for the model)."""
+    def encode(self, lines: list[str], pair: Pair) -> list[torch.Tensor]:
+        """The source tokens of every line as the encoder reads them in ``pair``, or
+        RefusedSentence for the first one that cannot be translated (LineEncoder's reasons:
+        not UTF-8, empty, too long for the model)."""
         encoded = []
         for index, line in enumerate(lines):
             try:
-                encoded.append(self.encoder.encode(line).to(self.device))
+                tokens = self.encoder.encode(line)
             except RefusedLine as refusal:
                 raise RefusedSentence(index, refusal.reason) from None
+            encoded.append(self.languages.source_tokens(pair, tokens).to(self.device))
         return encoded
 
-    def submit(self, sources: list[torch.Tensor]) -> list[Future]:
-        """A future of each sentence's hypotheses (best first), queued all together or, with
-        too few places free, none (``QueueFull``)."""
-        return self.stream.submit_together(sources)
+    def submit(self, sources: list[torch.Tensor], pair: Pair) -> list[Future]:
+        """A future of each sentence's hypotheses in ``pair`` (best first), queued all together
+        or, with too few places free, none (``QueueFull``)."""
+        prefix, bos = self.languages.prompt(pair)
+        if prefix is not None:
+            prefix = prefix.to(self.device)
+        return self.stream.submit_together(sources, Prompt(prefix, bos))
 
     def observe(self, observer: StreamObserver) -> None:
         """Report the decoder's steps and queue waits to ``observer`` from now on."""
@@ -131,8 +143,12 @@ class Translator:
         """A decoder process died and the next one is not ready yet."""
         return isinstance(self.stream, DecoderProcess) and self.stream.restarting
 
-    def render(self, source: torch.Tensor, hypotheses: list[Hypothesis]) -> list[Translation]:
-        """``hypotheses`` of ``source`` as fairseq-interactive post-processes and prints them."""
+    def render(
+        self, source: torch.Tensor, hypotheses: list[Hypothesis], pair: Pair
+    ) -> list[Translation]:
+        """``hypotheses`` of ``source`` in ``pair`` as fairseq-interactive post-processes and
+        prints them."""
+        strip = self._strip | self.languages.output_tokens(pair)
         post_process = self.cfg.common_eval.post_process
         # Token lists, not tensors: Dictionary.string reads a tensor element by element, slowly
         # (docs/speed.md). The source text only serves --replace-unk.
@@ -148,7 +164,7 @@ class Translator:
                 align_dict=self.align_dict,
                 tgt_dict=self.tgt_dict,
                 remove_bpe=post_process,
-                extra_symbols_to_ignore=self._strip,
+                extra_symbols_to_ignore=strip,
             )
             rendered.append(
                 Translation(

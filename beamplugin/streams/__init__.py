@@ -1,7 +1,14 @@
 """Streams of sentences on one engine: whenever sentences finish, the next ones are admitted
 into the freed capacity, mid-search (continuous batching)."""
 
-from beamplugin.streams.run import IteratorSource, Observer, Source, run, sentence_request
+from beamplugin.streams.run import (
+    IteratorSource,
+    Observer,
+    Prompt,
+    Source,
+    run,
+    sentence_request,
+)
 from beamplugin.streams.translate import translate
 from beamplugin.streams.translation_stream import (
     QueueFull,
@@ -14,6 +21,7 @@ from beamplugin.streams.translation_stream import (
 __all__ = [
     "IteratorSource",
     "Observer",
+    "Prompt",
     "QueueFull",
     "Source",
     "StreamClosed",

@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from beamplugin.engine.engine import DecodingEngine
 from beamplugin.engine.requests import Finished, Request
+
+
+class Prompt(NamedTuple):
+    """What a sentence's hypotheses start with: ``bos`` (None: the engine's), then the forced
+    ``prefix`` (1-D, pad: free choice; None: none). A multilingual model's target-language token
+    is one or the other."""
+
+    prefix: Tensor | None = None
+    bos: int | None = None
 
 
 class Source(Protocol):
@@ -98,9 +107,13 @@ def run(
         yield from finished
 
 
-def sentence_request(key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None) -> Request:
-    """A request of one sentence: ``src_tokens`` 1-D, ending in EOS, no padding; decoded as
-    fairseq-generate and fairseq-interactive decode it in a batch of its own."""
+def sentence_request(
+    key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None, bos: int | None = None
+) -> Request:
+    """A request of one sentence: ``src_tokens`` 1-D, no padding (ending in EOS, or in the
+    language token that replaces it); decoded as fairseq-generate and fairseq-interactive decode
+    it in a batch of its own, its hypotheses forced to start with ``prefix_tokens`` (1-D, pad:
+    free choice) after ``bos`` (None: the engine's)."""
     if src_tokens.dim() != 1 or src_tokens.numel() == 0:
         raise ValueError(
             f"a sentence is a non-empty 1-D token tensor, got shape {tuple(src_tokens.shape)}"
@@ -108,4 +121,4 @@ def sentence_request(key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None)
     prefix = None if prefix_tokens is None else prefix_tokens.view(1, -1)
     # its length as fairseq's collater gives it (EOS included) for match_source_len
     length = torch.full((1,), len(src_tokens), device=src_tokens.device)
-    return Request([key], src_tokens.unsqueeze(0), length, prefix)
+    return Request([key], src_tokens.unsqueeze(0), length, prefix, bos=bos)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from beamplugin.engine.engine import Decoder, DecodingEngine
 from beamplugin.engine.requests import Request
-from beamplugin.streams.run import run, sentence_request
+from beamplugin.streams.run import Prompt, run, sentence_request
 
 
 class QueueFull(RuntimeError):
@@ -92,9 +92,12 @@ class TranslationStream:
         prefix_tokens: Tensor | None = None,
         block: bool = True,
         timeout: float | None = None,
+        bos: int | None = None,
     ) -> Future:
+        """A future of the hypotheses of ``src_tokens`` (1-D), forced to start with
+        ``prefix_tokens`` after ``bos`` (see :func:`~beamplugin.streams.run.sentence_request`)."""
         future = self._future()
-        request = sentence_request(future, src_tokens, prefix_tokens)
+        request = sentence_request(future, src_tokens, prefix_tokens, bos)
         with self._lock:
             self._check_open()
             try:
@@ -104,10 +107,12 @@ class TranslationStream:
                 raise QueueFull(f"{self._queue.maxsize} sentences are waiting already") from None
         return future
 
-    def submit_together(self, sentences: list[Tensor]) -> list[Future]:
-        """Futures of several sentences (each decoded as on its own), queued all at once or, when
-        fewer places are free in the queue, none (:class:`QueueFull`): a caller that is refused
-        has nothing half-accepted."""
+    def submit_together(
+        self, sentences: list[Tensor], prompt: Prompt | None = None
+    ) -> list[Future]:
+        """Futures of several sentences (each decoded as on its own, its hypotheses starting with
+        ``prompt``, if any), queued all at once or, when fewer places are free in the queue, none
+        (:class:`QueueFull`): a caller that is refused has nothing half-accepted."""
         with self._lock:  # no other submit can take the places counted free here
             self._check_open()
             if len(sentences) > self._queue.maxsize:
@@ -117,7 +122,11 @@ class TranslationStream:
                 )
             if self._queue.maxsize - self._queue.qsize() < len(sentences):  # only grows meanwhile
                 raise QueueFull(f"no room for {len(sentences)} more sentences in the queue")
-            requests = [sentence_request(self._future(), tokens, None) for tokens in sentences]
+            prefix, bos = prompt or Prompt()
+            requests = [
+                sentence_request(self._future(), tokens, prefix, bos)
+                for tokens in sentences
+            ]
             for request in requests:
                 self._queue.put_nowait(request)
         return [request.keys[0] for request in requests]
