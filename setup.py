@@ -11,6 +11,7 @@ from setuptools import find_packages, setup
 #    uses it.
 #  - aiohttp, prometheus-client: the translation server (beamplugin-serve); selenium (dev): its
 #    page tested in a real browser. See README, "Why these pins".
+#  - langcodes, language-data: the names of /languages. See docs/dependencies.md.
 #  - limits: the server's requests per minute (--req-limit); openapi-spec-validator and
 #    jsonschema (dev): its /spec checked, and its answers against it; psutil (dev): the soak's
 #    resident memory. See docs/dependencies.md.
@@ -24,6 +25,8 @@ INSTALL_REQUIRES = [
     "aiohttp==3.14.5",
     "prometheus-client==0.26.0",
     "limits==5.8.0",
+    "langcodes==3.5.1",
+    "language-data==1.4.0",
 ]
 
 setup(
@@ -33,7 +36,7 @@ setup(
     packages=find_packages(include=["beamplugin", "beamplugin.*"]),
     python_requires=">=3.11",
     package_data={
-        "beamplugin.serving": ["page.html", "docs.html", "language_names.json"],
+        "beamplugin.serving": ["page.html", "docs.html"],
         "beamplugin.kernels": ["native/*.c", "native/*.h", "native/*/*.h"],  # built on first use
     },
     install_requires=INSTALL_REQUIRES,

@@ -1,29 +1,23 @@
-"""A language's name for a language code, as LibreTranslate's ``/languages`` shows it.
-
-``language_names.json`` holds the English names of ISO 639 (taken from Debian's iso-codes,
-" (macrolanguage)" left out) for every two-letter code (M2M-100's, most of them) and its
-three-letter one, and for the three-letter codes of FLORES-200 (NLLB's ``eng_Latn`` ...). A code
-it does not know is its own name.
-"""
+"""A language's name for a language code, as LibreTranslate's ``/languages`` shows it, from
+``langcodes`` (CLDR's English names): M2M-100's ``de``, NLLB's ``zho_Hant`` (a script after the
+underscore), mBART's ``ar_AR`` (a region after it, left out: mBART's are not real regions)."""
 
 from __future__ import annotations
 
-import json
 from functools import cache
-from pathlib import Path
 
-NAMES = Path(__file__).with_name("language_names.json")
+import langcodes
+from langcodes.tag_parser import LanguageTagError
 
 
 @cache
-def _names() -> dict[str, str]:
-    return json.loads(NAMES.read_text(encoding="utf-8"))
-
-
 def language_name(code: str) -> str:
-    """``de`` -> German, ``eng_Latn`` -> English (Latn); else ``code``."""
-    base, _, script = code.partition("_")
-    name = _names().get(base)
-    if name is None:
+    """``de`` -> German, ``zho_Hant`` -> Chinese (Traditional), ``en_XX`` -> English; a code
+    langcodes does not know is its own name."""
+    base, _, suffix = code.partition("_")
+    tag = f"{base}-{suffix}" if len(suffix) == 4 else base  # a script (Latn, Hant), not a region
+    try:
+        language = langcodes.Language.get(tag)
+    except LanguageTagError:
         return code
-    return f"{name} ({script})" if script else name
+    return language.display_name() if language.is_valid() else code
