@@ -4,11 +4,15 @@
  * 2 x 127 x 127 = 32258 and never saturates, and vpmaddwd adds the pairs of each channel's 4
  * bytes into its 32-bit lane. The sums are exact, as vpdpbusd's: the bits of the AVX512-VNNI
  * kernel and of torch's int8 path. The panels are vpdpbusd's (32 channels x 4 bytes a group);
- * the tile is 4 rows x 16 channels (two ymm of 8 channels), 8 accumulators. */
+ * the tile is 2 rows x the panel's 32 channels (four ymm of 8), 8 accumulators: four
+ * instructions a vector and row make 32 multiply-adds, as many as a float32 fused multiply-add
+ * makes in 4, so int8 gains here from reading a quarter of the bytes, not from arithmetic
+ * (docs/speed.md). */
 #include <immintrin.h>
 
 #define INT8_SET "avx2"
-#define INT8_TILE_ROWS 4
+#define INT8_TILE_ROWS 2
+#define VECTORS 4 /* of 8 channels: a panel's 32 */
 #define PREFETCH_GROUPS 128 /* 16 KB ahead, as the float32 kernel's 128 rows */
 
 /* x's rows as int8 (k4 bytes each, 0 past k) and their scales, as int8_linear makes them:
@@ -62,37 +66,37 @@ static inline __attribute__((always_inline)) void tile(
     int64_t ldy, int64_t width, int prefetch, int relu)
 {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i acc[INT8_TILE_ROWS][2];
-    for (int i = 0; i < rows; i++) {
-        acc[i][0] = _mm256_setzero_si256();
-        acc[i][1] = _mm256_setzero_si256();
-    }
+    __m256i acc[INT8_TILE_ROWS][VECTORS];
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < VECTORS; v++)
+            acc[i][v] = _mm256_setzero_si256();
     int64_t groups = k4 / 4;
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *w = panel + g * 128;
-        if (prefetch) { /* both halves of the group: the second half's pass finds them */
+        if (prefetch) {
             _mm_prefetch((const char *)(w + PREFETCH_GROUPS * 128), _MM_HINT_T0);
             _mm_prefetch((const char *)(w + PREFETCH_GROUPS * 128 + 64), _MM_HINT_T0);
         }
-        __m256i w0 = _mm256_loadu_si256((const __m256i *)w);
-        __m256i w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+        __m256i weights[VECTORS];
+        for (int v = 0; v < VECTORS; v++)
+            weights[v] = _mm256_loadu_si256((const __m256i *)(w + 32 * v));
         for (int i = 0; i < rows; i++) {
             int32_t four;
             memcpy(&four, q + i * k4 + g * 4, sizeof four);
             __m256i a = _mm256_set1_epi32(four), magnitude = _mm256_abs_epi8(a);
-            __m256i p0 = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w0, a));
-            __m256i p1 = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(w1, a));
-            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(p0, ones));
-            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(p1, ones));
+            for (int v = 0; v < VECTORS; v++) {
+                __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(weights[v], a));
+                acc[i][v] = _mm256_add_epi32(acc[i][v], _mm256_madd_epi16(pairs, ones));
+            }
         }
     }
     /* scaled back as int8_linear does, one rounding an operation */
     for (int i = 0; i < rows; i++) {
-        int32_t summed[16];
-        _mm256_storeu_si256((__m256i *)summed, acc[i][0]);
-        _mm256_storeu_si256((__m256i *)(summed + 8), acc[i][1]);
-        float out[16];
-        for (int j = 0; j < 16; j++) {
+        int32_t summed[8 * VECTORS];
+        for (int v = 0; v < VECTORS; v++)
+            _mm256_storeu_si256((__m256i *)(summed + 8 * v), acc[i][v]);
+        float out[8 * VECTORS];
+        for (int j = 0; j < 8 * VECTORS; j++) {
             float v = (float)summed[j] * channel_scales[j < width ? j : 0];
             out[j] = v * row_scales[i];
         }
@@ -100,7 +104,7 @@ static inline __attribute__((always_inline)) void tile(
             for (int64_t j = 0; j < width; j++)
                 out[j] += bias[j];
         if (relu) /* NaN stays NaN, as relu_ */
-            for (int j = 0; j < 16; j++)
+            for (int j = 0; j < 8 * VECTORS; j++)
                 out[j] = out[j] < 0.0f ? 0.0f : out[j];
         if (residual)
             for (int64_t j = 0; j < width; j++)
@@ -109,31 +113,23 @@ static inline __attribute__((always_inline)) void tile(
     }
 }
 
-#define TILE(R, first) tile(R, q + (first) * k4, k4, half, channel_scales + 16 * h, \
-                            row_scales + (first), bias ? bias + 16 * h : 0, \
-                            residual ? residual + (first) * ldr + 16 * h : 0, ldr, \
-                            y + (first) * ldy + 16 * h, ldy, columns, h == 0 && (first) == 0, \
-                            relu)
+#define TILE(R, first) tile(R, q + (first) * k4, k4, panel, channel_scales, row_scales + (first), \
+                            bias, residual ? residual + (first) * ldr : 0, ldr, \
+                            y + (first) * ldy, ldy, width, (first) == 0, relu)
 
-/* the m rows of one panel (its `width` channels, at most 32), 16 channels at a time; the
- * panel's sums are vpdpbusd's correction, not needed here */
+/* the m rows of one panel (its `width` channels, at most 32); the panel's sums are vpdpbusd's
+ * correction, not needed here */
 static void rows_of_panel(const int8_t *q, int64_t k4, const int8_t *panel, const int32_t *sums,
                           const float *channel_scales, const float *row_scales,
                           const float *bias, const float *residual, int64_t ldr, float *y,
                           int64_t ldy, int64_t m, int64_t width, int relu)
 {
     (void)sums;
-    for (int h = 0; h < 2 && 16 * h < width; h++) {
-        const int8_t *half = panel + 64 * h;
-        int64_t columns = width - 16 * h < 16 ? width - 16 * h : 16, r = 0;
-        for (; r + INT8_TILE_ROWS <= m; r += INT8_TILE_ROWS)
-            TILE(INT8_TILE_ROWS, r);
-        switch (m - r) {
-        case 1: TILE(1, r); break;
-        case 2: TILE(2, r); break;
-        case 3: TILE(3, r); break;
-        default: break;
-        }
-    }
+    int64_t r = 0;
+    for (; r + INT8_TILE_ROWS <= m; r += INT8_TILE_ROWS)
+        TILE(INT8_TILE_ROWS, r);
+    if (r < m)
+        TILE(1, r);
 }
 #undef TILE
+#undef VECTORS
