@@ -58,15 +58,7 @@ class BlockTranslator:
         self._started()
         started = time.perf_counter()
         lines = split_lines(data)
-        rejected: list[tuple[int, str]] = []
-        pending: list[tuple[int, Tensor, Future]] = []
-        for index, raw in enumerate(lines):
-            try:
-                source = self.translator.encoder.encode(raw.decode("utf-8", "surrogateescape"))
-            except RefusedLine as refusal:
-                rejected.append((index, refusal.reason))
-                continue
-            pending.append((index, source, self.translator.stream.submit(source)))
+        pending, rejected = self._submit(lines)
         texts = [""] * len(lines)
         for index, source, future in pending:
             try:
@@ -82,6 +74,21 @@ class BlockTranslator:
         return BlockResult(
             output, sorted(rejected), self.name, seconds, worker_lines, busy, peak_rss
         )
+
+    def _submit(
+        self, lines: list[bytes]
+    ) -> tuple[list[tuple[int, Tensor, Future]], list[tuple[int, str]]]:
+        """Each line encoded and submitted to the stream (waiting while its queue is full), or
+        refused: (index, source tokens, future), and (index, reason)."""
+        pending, rejected = [], []
+        for index, raw in enumerate(lines):
+            try:
+                source = self.translator.encoder.encode(raw.decode("utf-8", "surrogateescape"))
+            except RefusedLine as refusal:
+                rejected.append((index, refusal.reason))
+                continue
+            pending.append((index, source, self.translator.stream.submit(source)))
+        return pending, rejected
 
     def _started(self) -> None:
         with self._lock:

@@ -34,7 +34,7 @@ logger = logging.getLogger("beamplugin.corpus")
 RUNNING_OPTIONS = {
     "inputs", "output", "block_lines", "ray", "workers", "cpus_per_worker", "no_progress_bar",
     "log_format", "log_interval", "log_file", "batch_size", "max_tokens", "buffer_size", "cpu",
-    "num_workers", "seed",
+    "num_workers",
 }  # fmt: skip
 # Ray's own switch, read when ray is imported: this machine's loopback address as its node
 # address (as on macOS), so that a Ray started for one job listens on 127.0.0.1 only.

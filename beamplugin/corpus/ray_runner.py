@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import ray
 import torch
+from fairseq import utils
 from omegaconf import DictConfig
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
@@ -43,6 +44,7 @@ class _Worker:
 
     def __init__(self, cfg: DictConfig, threads: int) -> None:
         torch.set_num_threads(threads)
+        utils.import_user_module(cfg.common)  # the models and tasks of another --user-dir
         self.translator = BlockTranslator(cfg)
 
     def ready(self) -> str:
@@ -101,22 +103,32 @@ class RayRunner:
                 last_worker = time.monotonic()
             elif time.monotonic() - last_worker > NO_WORKER_TIMEOUT:
                 raise RuntimeError(f"no Ray worker could take blocks for {NO_WORKER_TIMEOUT} s")
-            waiting = [*in_flight, *self._starting]
-            done, _ = ray.wait(waiting, num_returns=1, timeout=POLL_SECONDS)
-            for ref in done:
-                if ref in self._starting:
-                    self._started(ref)
-                    continue
-                block, actor = in_flight.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except RayActorError as error:
-                    self._lost(actor, error)
-                    self._again(block, attempts, again)
-                    continue
-                if actor in self._free:  # not declared dead by another of its blocks
-                    self._free[actor] += 1
-                yield block, result
+            yield from self._collect(in_flight, again, attempts)
+
+    def _collect(
+        self,
+        in_flight: dict[ray.ObjectRef, tuple[Block, ActorHandle]],
+        again: collections.deque[Block],
+        attempts: collections.Counter[tuple[str, int]],
+    ) -> list[tuple[Block, BlockResult]]:
+        """What came back within POLL_SECONDS: workers ready, blocks translated (their worker
+        free again), blocks of workers that died (back in ``again``)."""
+        finished = []
+        done, _ = ray.wait([*in_flight, *self._starting], num_returns=1, timeout=POLL_SECONDS)
+        for ref in done:
+            if ref in self._starting:
+                self._started(ref)
+                continue
+            block, actor = in_flight.pop(ref)
+            try:
+                finished.append((block, ray.get(ref)))
+            except RayActorError as error:
+                self._lost(actor, error)
+                self._again(block, attempts, again)
+                continue
+            if actor in self._free:  # not declared dead by another of its blocks
+                self._free[actor] += 1
+        return finished
 
     def _hand_out(
         self,
