@@ -40,6 +40,7 @@ class BlockResult:
     seconds: float
     worker_lines: int
     worker_busy: float  # seconds during which it translated at least one block
+    worker_cpu: float  # CPU seconds of its process (all threads) since its models were loaded
     peak_rss: int  # bytes
 
 
@@ -51,6 +52,7 @@ class BlockTranslator:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
         self._active, self._busy, self._busy_since, self._lines = 0, 0.0, 0.0, 0
+        self._cpu_loaded = time.process_time()
 
     def translate(self, data: bytes) -> BlockResult:
         """The translations of the lines in ``data`` (a block's bytes): each line's best
@@ -69,10 +71,11 @@ class BlockTranslator:
             texts[index] = self.translator.render(source, hypotheses[:1])[0].text
         seconds = time.perf_counter() - started
         worker_lines, busy = self._finished(len(lines))
+        cpu = time.process_time() - self._cpu_loaded
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         output = "".join(text + "\n" for text in texts).encode("utf-8")
         return BlockResult(
-            output, sorted(rejected), self.name, seconds, worker_lines, busy, peak_rss
+            output, sorted(rejected), self.name, seconds, worker_lines, busy, cpu, peak_rss
         )
 
     def _submit(

@@ -1,5 +1,7 @@
 """A job's summary: lines, lines rejected, blocks done now and before, time, each worker's
-throughput and peak memory, and what the driver cost a block against a block's decoding."""
+throughput (by the clock while it had blocks, and by its CPU time: on a shared machine the
+clock mostly says how much CPU it got) and peak memory, and what the driver cost a block
+against a block's decoding."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class WorkerFigures:
     blocks: int = 0
     lines: int = 0
     busy: float = 0.0
+    cpu: float = 0.0
     first_rss: int = 0
     last_rss: int = 0
 
@@ -44,6 +47,7 @@ class Summary:
         worker = self.workers.setdefault(result.worker, WorkerFigures(first_rss=result.peak_rss))
         worker.blocks += 1
         worker.lines, worker.busy = result.worker_lines, result.worker_busy
+        worker.cpu = result.worker_cpu
         worker.last_rss = result.peak_rss
 
     def report(self) -> list[str]:
@@ -60,7 +64,8 @@ class Summary:
         for name, worker in sorted(self.workers.items()):
             lines.append(
                 f"worker {name}: {worker.blocks} blocks, {worker.lines} lines, "
-                f"{worker.lines / max(worker.busy, 1e-9):.1f} lines/s while busy, peak RSS "
+                f"{worker.lines / max(worker.busy, 1e-9):.1f} lines/s while busy "
+                f"({worker.lines / max(worker.cpu, 1e-9):.1f} a CPU-second), peak RSS "
                 f"{worker.first_rss / MIB:.0f} MiB after its first block, "
                 f"{worker.last_rss / MIB:.0f} MiB after its last"
             )
