@@ -98,7 +98,7 @@ class Job:
         rejected = [[block.first_line + index, reason] for index, reason in result.rejected]
         self.manifest.record_block(block, {
             "lines_out": lines_out, "rejected": rejected, "worker": result.worker,
-            "seconds": round(result.seconds, 3),
+            "seconds": round(result.seconds, 3), "peak_rss_mib": result.peak_rss >> 20,
         })  # fmt: skip
         self.summary.translated(block.lines, result)
         pending = self.pending[block.input]

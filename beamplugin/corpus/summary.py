@@ -46,9 +46,11 @@ class Summary:
         self.block_seconds.append(result.seconds)
         worker = self.workers.setdefault(result.worker, WorkerFigures(first_rss=result.peak_rss))
         worker.blocks += 1
-        worker.lines, worker.busy = result.worker_lines, result.worker_busy
-        worker.cpu = result.worker_cpu
-        worker.last_rss = result.peak_rss
+        # the worker's totals as of its latest block (results may come back out of order)
+        worker.lines = max(worker.lines, result.worker_lines)
+        worker.busy = max(worker.busy, result.worker_busy)
+        worker.cpu = max(worker.cpu, result.worker_cpu)
+        worker.last_rss = max(worker.last_rss, result.peak_rss)
 
     def report(self) -> list[str]:
         """The summary's lines."""
