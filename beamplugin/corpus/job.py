@@ -72,8 +72,8 @@ class Job:
                 if not pending:
                     self._assemble(self.sources[name])
             for block, result in runner.run(self._blocks()):
-                self._write(block, result)
-                progress.advance(block.lines, runner.workers_alive)
+                if self._write(block, result):
+                    progress.advance(block.lines, runner.workers_alive)
         finally:
             progress.close()
         if driver_only:
@@ -87,7 +87,12 @@ class Job:
         for name, source in self.sources.items():
             yield from read_blocks(source, list(self.pending[name]))  # a copy: _write shrinks it
 
-    def _write(self, block: Block, result: BlockResult) -> None:
+    def _write(self, block: Block, result: BlockResult) -> bool:
+        """``block``'s part and manifest row, unless it was written already (a second result
+        of one block: the first one stands); whether they were."""
+        pending = self.pending[block.input]
+        if block.index not in pending:
+            return False
         lines_out = result.output.count(b"\n")
         if lines_out != block.lines:  # a translation with a line break would shift the rest
             raise RuntimeError(
@@ -101,10 +106,10 @@ class Job:
             "seconds": round(result.seconds, 3), "peak_rss_mib": result.peak_rss >> 20,
         })  # fmt: skip
         self.summary.translated(block.lines, result)
-        pending = self.pending[block.input]
         pending.remove(block.index)
         if not pending:
             self._assemble(self.sources[block.input])
+        return True
 
     def _assemble(self, source: InputFile) -> None:
         """``source``'s output from its parts, unless that was done before."""
