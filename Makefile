@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` (the main job) and `make test`.
-# Each creates and fills .venv when it is missing or out of date with setup.py.
+# Each creates and fills .venv when it is missing or out of date with setup.py (with the extra
+# "cluster": Ray, which the tests of beamplugin-translate --ray need).
 # Another corpus: make demo ARGS="--files corpus.de corpus.en" (or ARGS="--tsv pairs.tsv").
 PY ?= python3
 VENV := .venv
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/.installed: setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,cluster]'
 	touch $@
 
 demo: $(BIN)/.installed

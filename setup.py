@@ -15,6 +15,8 @@ from setuptools import find_packages, setup
 #  - limits: the server's requests per minute (--req-limit); openapi-spec-validator and
 #    jsonschema (dev): its /spec checked, and its answers against it; psutil (dev): the soak's
 #    resident memory. See docs/dependencies.md.
+#  - tqdm: beamplugin-translate's progress bar (fairseq pulls it in unpinned); ray (extra
+#    "cluster", installed by make test too): beamplugin-translate --ray. See docs/cluster.md.
 INSTALL_REQUIRES = [
     "torch==2.13.0",
     "ve-fairseq==0.12.3",
@@ -27,6 +29,7 @@ INSTALL_REQUIRES = [
     "limits==5.8.0",
     "langcodes==3.5.1",
     "language-data==1.4.0",
+    "tqdm==4.70.1",
 ]
 
 setup(
@@ -51,8 +54,15 @@ setup(
             "jsonschema==4.26.0",
             "psutil==7.2.2",
         ],
+        # beamplugin-translate --ray (docs/cluster.md); make test installs it with dev
+        "cluster": ["ray==2.60.0"],
         # scripts/bench_transformer.py only: CTranslate2 decodes the same checkpoints there
         "bench": ["ctranslate2==4.8.5"],
     },
-    entry_points={"console_scripts": ["beamplugin-serve = beamplugin.serving.cli:cli_main"]},
+    entry_points={
+        "console_scripts": [
+            "beamplugin-serve = beamplugin.serving.cli:cli_main",
+            "beamplugin-translate = beamplugin.corpus.cli:cli_main",
+        ]
+    },
 )

@@ -4,7 +4,7 @@ Registers the ``beam_translation`` and ``beam_translation_multi`` tasks and the 
 model, makes fairseq's checkpoint loading safe under torch's ``weights_only`` unpickler, and
 exports our SequenceGenerator.
 The layers, from the bottom: runtime, modules and models, search, engine, streams, the
-fairseq plugin, serving (docs/architecture.md).
+fairseq plugin, serving, corpus (docs/architecture.md).
 """
 
 from beamplugin.fairseq_plugin import checkpoint_safety

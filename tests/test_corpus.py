@@ -1,0 +1,168 @@
+"""beamplugin-translate without Ray: each line gets what fairseq-interactive prints for it (its
+best D- line's text), bad lines are rejected alone, nothing of Ray is imported, and a rerun
+translates only the blocks that are not done (test_corpus_cluster.py: the same on Ray)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from corpus_tools import (
+    BAD_LINES,
+    block_rows,
+    blocks_translated,
+    outputs,
+    run,
+    translate_command,
+    write_corpus,
+)
+from fairseq_tools import run_tool
+from server_tools import shared_toy_model
+
+from beamplugin.corpus.cli import main
+from beamplugin.corpus.inputs import expand, read_blocks, split_lines, survey
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict[str, Path]:
+    return shared_toy_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[Path]:
+    return write_corpus(tmp_path_factory.mktemp("corpus"), 300)
+
+
+@pytest.fixture(scope="module")
+def local_run(toy, corpus, tmp_path_factory):
+    """A job of blocks of 40 lines in a process of its own (inputs as a path and a glob), which
+    says afterwards whether Ray was imported."""
+    output = tmp_path_factory.mktemp("local") / "out"
+    command = translate_command(toy, [corpus[0], str(corpus[1].parent / "b.*")], output,
+                                "--block-lines", "40")  # fmt: skip
+    script = (
+        "import sys; from beamplugin.corpus.cli import main; status = main(sys.argv[1:]); "
+        "print('ray imported:', any(m == 'ray' or m.startswith('ray.') for m in sys.modules)); "
+        "sys.exit(status)"
+    )
+    done = run([sys.executable, "-c", script, *command[1:]], timeout=300)
+    return done, output
+
+
+def interactive_best(toy: dict[str, Path], lines: list[bytes]) -> dict[int, str]:
+    """fairseq-interactive's best D- text by line (from 0), on the same model and options."""
+    out = run_tool(
+        "fairseq-interactive", str(toy["data"]), "--user-dir", "beamplugin", "--task",
+        "beam_translation", "--path", str(toy["checkpoint"]), "--bpe", "sentencepiece",
+        "--sentencepiece-model", str(toy["spm"]), "-s", "de", "-t", "en", "--beam", "5",
+        "--buffer-size", "64", "--batch-size", "64",
+        stdin=b"".join(line + b"\n" for line in lines).decode("utf-8", "surrogateescape"),
+        check=False,
+    ).stdout  # fmt: skip
+    return {int(i): text for i, text in re.findall(r"^D-(\d+)\t\S+\t(.*)$", out, flags=re.M)}
+
+
+def test_each_line_gets_fairseq_interactives_best_translation_bad_ones_an_empty_line(
+    toy, corpus, local_run
+):
+    done, output = local_run
+    assert done.returncode == 3, done.stderr[-3000:]  # lines were rejected
+    for source in corpus:
+        lines = split_lines(gzip.decompress(source.read_bytes()) if source.suffix == ".gz"
+                            else source.read_bytes())  # fmt: skip
+        expected = interactive_best(toy, lines)
+        ours = (output / f"{source.name}.en").read_text().split("\n")
+        assert ours[-1] == "" and len(ours) - 1 == len(lines)  # every line ends with one
+        assert ours[:-1] == [expected.get(i, "") for i in range(len(lines))]
+    rejects = (output / "a.de.en.rejects.tsv").read_text().splitlines()
+    assert [row.split("\t")[:2] for row in rejects] == [["a.de", str(n)] for n in BAD_LINES]
+    for row, (_, reason) in zip(rejects, BAD_LINES.values(), strict=True):
+        assert row.split("\t")[2].startswith(reason)
+    assert (output / "b.de.gz.en.rejects.tsv").read_bytes() == b""
+    assert "300 lines of 2 input file(s)" in done.stdout and "4 rejected" in done.stdout
+
+
+def test_nothing_of_ray_is_imported_without_the_flag_and_parts_are_gone(local_run):
+    done, output = local_run
+    assert "ray imported: False" in done.stdout, done.stdout
+    assert not (output / ".parts").exists()
+    assert blocks_translated(done.stdout) == (8, 8, 0)
+
+
+def test_a_killed_job_started_again_translates_only_the_blocks_not_done(
+    toy, corpus, tmp_path, capsys
+):
+    """A job killed (SIGKILL) after some blocks, one of its done blocks' input changed since:
+    started again, it translates that block and those not done, and writes what a job never
+    stopped writes; once more, nothing. A manifest row cut short (a driver killed while
+    writing it) is dropped; other decoding options are refused."""
+    corpus = [Path(shutil.copy(source, tmp_path)) for source in corpus]
+    output = tmp_path / "out"
+    command = translate_command(toy, corpus, output, "--block-lines", "10")
+    killed = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    try:
+        wait_for(lambda: len(block_rows(output)) >= 5 or killed.poll() is not None, 240)
+    finally:
+        killed.kill()
+        killed.wait()
+    done = block_rows(output)
+    assert 5 <= len(done) < 30, "killed too late to test anything"
+    assert done[0]["input"] == "a.de"  # blocks are handed out in order
+    lines = corpus[0].read_bytes().split(b"\n")
+    lines[done[0]["first_line"] - 1] = b"der hund schl\xc3\xa4ft"
+    corpus[0].write_bytes(b"\n".join(lines))
+
+    assert main(command[1:]) == 3
+    assert blocks_translated(capsys.readouterr().out) == (30, 31 - len(done), len(done) - 1)
+    reference = tmp_path / "reference"
+    assert main(translate_command(toy, corpus, reference, "--block-lines", "10")[1:]) == 3
+    capsys.readouterr()
+    assert outputs(output) == outputs(reference)
+    assert len(block_rows(output)) == 31  # every block once, the changed one twice
+
+    manifest = output / "manifest.jsonl"
+    torn = json.dumps({"input": "b.de.gz", "first_line": 101})[:30].encode()
+    manifest.write_bytes(manifest.read_bytes() + torn)
+    assert main(command[1:]) == 3
+    assert blocks_translated(capsys.readouterr().out) == (30, 0, 30)
+    assert manifest.read_bytes().endswith(b"\n")
+    assert outputs(output) == outputs(reference)
+    assert main(translate_command(toy, corpus, output, "--beam", "2")[1:]) == 2
+
+
+def wait_for(condition, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_block_plan_reads_gzip_and_a_last_line_without_its_end(tmp_path):
+    plain, compressed = tmp_path / "x.txt", tmp_path / "y.txt"
+    plain.write_bytes(b"a\nb\r\n\nc")
+    compressed.write_bytes(gzip.compress(b"a\nb\r\n\nc"))
+    assert expand([str(tmp_path / "*.txt")]) == [plain, compressed]
+    for path in (plain, compressed):
+        source = survey(path, 3)
+        assert source.lines == 4 and len(source.block_sha256) == 2
+        blocks = list(read_blocks(source, [0, 1]))
+        assert [split_lines(b.data) for b in blocks] == [[b"a", b"b\r", b""], [b"c"]]
+        assert [(b.first_line, b.lines) for b in blocks] == [(1, 3), (4, 1)]
+    assert survey(plain, 3).block_sha256 == survey(compressed, 3).block_sha256
+    with pytest.raises(ValueError, match="no such file"):
+        expand([str(tmp_path / "*.de")])
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "x.txt").write_bytes(b"z\n")
+    with pytest.raises(ValueError, match="several files named x.txt"):
+        expand([str(plain), str(tmp_path / "sub" / "x.txt")])
