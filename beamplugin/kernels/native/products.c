@@ -16,7 +16,6 @@
 #include "isa.h"
 
 #define PANEL 32
-#define TILE_COLUMNS (TILE_VECTORS * LANES)
 /* The tile's loops unrolled before GCC's scalar replacement: else (GCC 12 for AArch64) the
  * accumulators stay an array in memory, stored at every step of the inner loop. */
 #define UNROLLED _Pragma("GCC unroll 16")
@@ -28,16 +27,23 @@
 
 const char *instruction_set(void) { return ISA_NAME; }
 
-/* rows (at most TILE_ROWS) x `width` (at most TILE_COLUMNS) outputs from the tile's columns of
- * a panel (`panel` points at them; its rows are PANEL floats apart) */
+/* The vectors of a tile of `rows` rows: up to WIDE_ROWS rows, the panel's whole width (more
+ * independent chains of multiply-adds where few rows would leave them waiting on each other),
+ * else the set's TILE_VECTORS. */
+#define VECTORS_OF(rows) ((rows) <= WIDE_ROWS ? PANEL / LANES : TILE_VECTORS)
+
+/* rows (at most TILE_ROWS) x `width` (at most the tile's columns) outputs from the tile's
+ * columns of a panel (`panel` points at them; its rows are PANEL floats apart) */
 static inline __attribute__((always_inline)) void tile(
     int rows, const float *x, int64_t ldx, const float *panel, int64_t k_len,
     const float *bias, const float *residual, int64_t ldr, float *y, int64_t ldy,
     int64_t width, int relu, int prefetch)
 {
-    vf acc[TILE_ROWS][TILE_VECTORS];
+    const int vectors = VECTORS_OF(rows);
+    width = width < vectors * LANES ? width : vectors * LANES; /* as it is: GCC learns the bound */
+    vf acc[TILE_ROWS][PANEL / LANES];
     UNROLLED for (int i = 0; i < rows; i++)
-        UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
+        UNROLLED for (int v = 0; v < vectors; v++)
             acc[i][v] = vf_zero();
     for (int64_t k = 0; k < k_len; k++) {
         const float *w = panel + k * PANEL;
@@ -45,24 +51,24 @@ static inline __attribute__((always_inline)) void tile(
             __builtin_prefetch(w + PREFETCH_ROWS * PANEL, 0, 3);
             __builtin_prefetch(w + PREFETCH_ROWS * PANEL + 16, 0, 3);
         }
-        vf b[TILE_VECTORS];
-        UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
+        vf b[PANEL / LANES];
+        UNROLLED for (int v = 0; v < vectors; v++)
             b[v] = vf_load(w + v * LANES);
         UNROLLED for (int i = 0; i < rows; i++) {
             vf a = vf_set1(x[i * ldx + k]);
-            UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
+            UNROLLED for (int v = 0; v < vectors; v++)
                 acc[i][v] = vf_fma(a, b[v], acc[i][v]);
         }
     }
     UNROLLED for (int i = 0; i < rows; i++) {
-        float out[TILE_COLUMNS];
-        UNROLLED for (int v = 0; v < TILE_VECTORS; v++)
+        float out[PANEL];
+        UNROLLED for (int v = 0; v < vectors; v++)
             vf_store(out + v * LANES, acc[i][v]);
         if (bias)
             for (int64_t j = 0; j < width; j++)
                 out[j] += bias[j];
         if (relu)
-            for (int j = 0; j < TILE_COLUMNS; j++)
+            for (int j = 0; j < vectors * LANES; j++)
                 out[j] = out[j] > 0 ? out[j] : 0;
         if (residual)
             for (int64_t j = 0; j < width; j++)
@@ -128,16 +134,20 @@ static const tile_fn tiles[TILE_ROWS + 1] = {
 #endif
 };
 
-/* The m rows of one tile's columns of a panel: full tiles of TILE_ROWS, then the rest (each row
- * count its own unrolled code). */
-static void columns_of_panel(const float *x, int64_t ldx, const float *panel, int64_t k_len,
-                             const float *bias, const float *residual, int64_t ldr, float *y,
-                             int64_t ldy, int64_t m, int64_t width, int relu, int prefetch)
+/* The m rows of a panel's `columns` (at most 32): tiles of TILE_ROWS rows, then the rest (each
+ * row count its own unrolled code), each tile across the panel in as many passes as it needs.
+ * The first tile asks for the panel's rows ahead. */
+static void rows_of_panel(const float *x, int64_t ldx, const float *panel, int64_t k_len,
+                          const float *bias, const float *residual, int64_t ldr, float *y,
+                          int64_t ldy, int64_t m, int64_t columns, int relu)
 {
     for (int64_t r = 0; r < m; r += TILE_ROWS) {
-        int64_t rows = m - r < TILE_ROWS ? m - r : TILE_ROWS;
-        tiles[rows](x + r * ldx, ldx, panel, k_len, bias, residual ? residual + r * ldr : 0, ldr,
-                    y + r * ldy, ldy, width, relu, prefetch && r == 0);
+        int rows = m - r < TILE_ROWS ? (int)(m - r) : TILE_ROWS;
+        int64_t step = VECTORS_OF(rows) * LANES;
+        for (int64_t c = 0; c < columns; c += step)
+            tiles[rows](x + r * ldx, ldx, panel + c, k_len, bias ? bias + c : 0,
+                        residual ? residual + r * ldr + c : 0, ldr, y + r * ldy + c, ldy,
+                        columns - c < step ? columns - c : step, relu, r == 0 && c == 0);
     }
 }
 
@@ -184,12 +194,8 @@ void products(const float *x, int64_t ldx, const float *panels, const float *bia
     for (int64_t p = 0; p < count; p++) {
         const float *panel = panels + p * k_len * PANEL;
         int64_t first = p * PANEL, columns = n - first < PANEL ? n - first : PANEL;
-        for (int64_t c = 0; c < columns; c += TILE_COLUMNS) {
-            int64_t width = columns - c < TILE_COLUMNS ? columns - c : TILE_COLUMNS;
-            columns_of_panel(x, ldx, panel + c, k_len, bias ? bias + first + c : 0,
-                             residual ? residual + first + c : 0, ldr, y + first + c, ldy, m,
-                             width, relu, c == 0);
-        }
+        rows_of_panel(x, ldx, panel, k_len, bias ? bias + first : 0,
+                      residual ? residual + first : 0, ldr, y + first, ldy, m, columns, relu);
     }
     if (gamma)
         normalize_rows(y, ldy, m, n, gamma, beta, eps, threads);

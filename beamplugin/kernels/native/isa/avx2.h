@@ -8,6 +8,7 @@
 #define FUSED 1 /* a multiply-add rounds once */
 #define LANES 8
 #define TILE_ROWS 6
+#define WIDE_ROWS 2 /* tiles of as many rows or fewer span the panel's 32 columns */
 #define TILE_VECTORS 2
 
 typedef __m256 vf;

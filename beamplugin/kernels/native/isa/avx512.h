@@ -7,6 +7,7 @@
 #define FUSED 1 /* a multiply-add rounds once */
 #define LANES 16
 #define TILE_ROWS 8
+#define WIDE_ROWS 0 /* tiles of as many rows or fewer span the panel's 32 columns */
 #define TILE_VECTORS 2
 
 typedef __m512 vf;

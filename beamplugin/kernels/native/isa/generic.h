@@ -8,6 +8,7 @@
 #define FUSED 0 /* a multiply-add rounds once */
 #define LANES 4
 #define TILE_ROWS 2
+#define WIDE_ROWS 0 /* tiles of as many rows or fewer span the panel's 32 columns */
 #define TILE_VECTORS 4
 
 typedef float vf __attribute__((vector_size(16)));

@@ -7,6 +7,7 @@
 #define FUSED 1 /* a multiply-add rounds once */
 #define LANES 4
 #define TILE_ROWS 5
+#define WIDE_ROWS 2 /* tiles of as many rows or fewer span the panel's 32 columns */
 #define TILE_VECTORS 4
 
 typedef float32x4_t vf;
