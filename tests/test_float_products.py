@@ -107,19 +107,26 @@ def test_strided_inputs_and_a_wrong_width():
 
 @needs_compiler
 def test_the_library_is_compiled_once_into_the_cache(tmp_path, monkeypatch, caplog):
+    """The first library asked for builds every source of the set at once; later processes load
+    them, building nothing."""
     monkeypatch.setenv(native_library.CACHE, str(tmp_path))
-    native_library._load.cache_clear()
+    native_library.forget()
     try:
         with caplog.at_level(logging.INFO, logger=native_library.__name__):
             assert native_library.load("products") is not None
-        built = list(tmp_path.glob("products-*.so"))
-        assert len(built) == 1 and "compiled products.c" in caplog.text
-        stamp = built[0].stat().st_mtime_ns
-        native_library._load.cache_clear()
-        assert native_library.load("products") is not None  # a new process: loaded, not built
-        assert built[0].stat().st_mtime_ns == stamp and len(list(tmp_path.iterdir())) == 1
+        built = sorted(tmp_path.glob("*.so"))
+        sources = sorted(native_library.SOURCES.glob("*.c"))
+        assert [p.name.split("-")[0] for p in built] == [s.stem for s in sources]
+        assert "compiled products.c" in caplog.text
+        stamps = [p.stat().st_mtime_ns for p in built]
+        native_library.forget()  # a new process: loaded, not built
+        assert native_library.load("products") is not None
+        assert native_library.load("attention") is not None
+        assert [p.stat().st_mtime_ns for p in sorted(tmp_path.glob("*.so"))] == stamps
+        assert len(list(tmp_path.iterdir())) == len(sources)
     finally:
-        native_library._load.cache_clear()
+        monkeypatch.undo()
+        native_library.forget()
 
 
 @pytest.mark.parametrize("how", ["switched off", "no compiler", "compiler fails"])

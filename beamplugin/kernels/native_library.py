@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +66,7 @@ def forget() -> None:
     folder changed: tests and benchmarks)."""
     instruction_sets.forget()
     _load.cache_clear()
+    _build_every_source.cache_clear()
     for clear in _FORGET:
         clear()
 
@@ -179,13 +181,31 @@ def panels(weight: Tensor, group: int, panel: int = 32) -> Tensor:
 
 @functools.cache
 def _load(name: str, isa: InstructionSet, compiler: str) -> ctypes.CDLL | None:
-    source = SOURCES / f"{name}.c"
+    built = _build_every_source(isa, compiler)[name]
+    if isinstance(built, Exception):
+        logger.warning("native kernels unavailable (%s): torch's kernels instead", built)
+        return None
     try:
-        library = _built(source, compiler, isa)
-        return ctypes.CDLL(str(library))
-    except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+        return ctypes.CDLL(str(built))
+    except OSError as error:
         logger.warning("native kernels unavailable (%s): torch's kernels instead", error)
         return None
+
+
+@functools.cache
+def _build_every_source(isa: InstructionSet, compiler: str) -> dict[str, Path | Exception]:
+    """Every source of ours built for ``isa`` (those not in the cache yet, at once: a first run
+    on a fresh machine waits for one compile instead of six in turn), or why it could not be."""
+
+    def build(source: Path) -> Path | Exception:
+        try:
+            return _built(source, compiler, isa)
+        except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+            return error
+
+    sources = sorted(SOURCES.glob("*.c"))
+    with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+        return dict(zip((s.stem for s in sources), pool.map(build, sources), strict=True))
 
 
 @functools.cache
