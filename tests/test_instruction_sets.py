@@ -136,7 +136,7 @@ def test_a_pinned_set_builds_its_own_libraries(kernels_for, tmp_path, monkeypatc
     kernels_for("avx2")
     assert native_library.built_for("products") == "avx2"
     assert native_library.built_for("int8_products") == "avx2"
-    assert [p.name.split("-")[1] for p in tmp_path.glob("*.so")] == ["avx2", "avx2"]
+    assert {p.name.split("-")[1] for p in tmp_path.glob("*.so")} == {"avx2"}
     kernels_for("off")
     assert native_library.built_for("products") == "off"
     assert not float_products.available()
