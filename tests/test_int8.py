@@ -31,6 +31,7 @@ from precision_bounds import N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from beamplugin.kernels import instruction_sets
 from beamplugin.modules import linear as linear_module
 from beamplugin.modules.convolution import CausalConvolution, TBCConvolution
 from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
@@ -123,11 +124,14 @@ def test_int8_convolution_is_conv_tbc_within_quantization_error_and_per_sentence
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
-def test_cpus_without_vnni_get_7_bit_weights_whose_sums_are_exact():
+@pytest.mark.parametrize("ours", ["off", "avx2"])
+def test_int8_sums_are_exact_with_8_bit_weights_wherever_they_can_be(ours):
     """oneDNN capped at AVX2 (as on a CPU without VNNI, or in oneDNN's AVX2 code on some CPUs)
-    may saturate 8-bit weights' sums: the probe picks 8-bit weights where torch's sums are exact
-    and 7-bit ones where not, and torch's int8 products are exact either way (our kernels off:
-    theirs are exact at both)."""
+    may saturate 8-bit weights' sums: with our kernels off the probe picks 8-bit weights where
+    torch's sums are exact and 7-bit ones where not; our AVX2 kernel sums 8-bit weights
+    exactly, so with it weights have 8 bits whatever torch's do. Exact products either way."""
+    if ours == "avx2" and not instruction_sets.runs_here(instruction_sets.AVX2):
+        pytest.skip("this CPU cannot run AVX2 code")
     code = textwrap.dedent("""
         import torch
         from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
@@ -145,12 +149,12 @@ def test_cpus_without_vnni_get_7_bit_weights_whose_sums_are_exact():
         print(torch.equal(int8_linear(x[3:4], packed), out[3:4]))
     """)
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
-           "BEAMPLUGIN_ISA": "off"}  # fmt: skip
+           "BEAMPLUGIN_ISA": ours}  # fmt: skip
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     ).stdout.split()
-    exact_at_8_bits = out[0] == "True"
-    assert out[1:] == ["127" if exact_at_8_bits else "63", "True", "True"], out
+    eight_bits = ours == "avx2" or out[0] == "True"
+    assert out[1:] == ["127" if eight_bits else "63", "True", "True"], out
 
 
 @pytest.mark.parametrize("levels", LEVELS, indirect=True)

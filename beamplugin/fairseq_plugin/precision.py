@@ -115,9 +115,9 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
         logger.info(
             "--int8: %d weights multiplied in int8, %s",
             large,
-            "8-bit weights (this CPU sums int8 products in 32 bits: VNNI or AMX)"
+            "8-bit weights (summed exactly: our int8 kernel, or torch's with VNNI or AMX)"
             if levels == 127
-            else "7-bit weights (this CPU sums pairs of int8 products in 16 bits: no VNNI)",
+            else "7-bit weights (torch's int8 products, which sum pairs in 16 bits here)",
         )
     for model in models:
         model.to(dtype)

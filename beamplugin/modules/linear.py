@@ -75,7 +75,8 @@ INT8_MIN_WEIGHTS = 1 << 16
 TRIAL_ROWS = (5, 80)
 
 
-def _int8_products_are_exact(weight_levels: int) -> bool:
+@functools.cache
+def torchs_int8_is_exact(weight_levels: int) -> bool:
     """Whether torch's int8 product (``torch._int_mm``: oneDNN's s8s8s32 gemm) sums exactly
     for activations up to +-127 and weights up to +-``weight_levels``, at the layouts and row
     counts :func:`int8_linear` uses. CPUs with VNNI (AVX512-VNNI, AVX-VNNI) or AMX sum 8-bit
@@ -92,12 +93,13 @@ def _int8_products_are_exact(weight_levels: int) -> bool:
     return True
 
 
-@functools.cache
+@native_library.cached
 def int8_weight_levels() -> int:
-    """The largest int8 weight magnitude whose products this CPU sums exactly: 127 where it
-    has VNNI or AMX, else 63 (7-bit weights; activations keep 8 bits). Probed once, on the
-    kernel torch really runs (``ONEDNN_MAX_CPU_ISA`` may cap what the flags promise)."""
-    return 127 if _int8_products_are_exact(127) else 63
+    """The largest int8 weight magnitude whose products are summed exactly here: 127 where our
+    int8 kernel runs (exact on every instruction set it has) or torch's sums 8-bit weights
+    exactly (VNNI, AMX), else 63 (7-bit weights; activations keep 8 bits). torch's probed once,
+    on the kernel it really runs (``ONEDNN_MAX_CPU_ISA`` may cap what the flags promise)."""
+    return 127 if int8_products.available() or torchs_int8_is_exact(127) else 63
 
 
 class Int8Weight(NamedTuple):
@@ -120,8 +122,10 @@ def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
     values = torch.round(w / scales[:, None]).to(torch.int8)
     bias = None if bias is None else bias.detach().float()
     int8 = Int8Weight(values, scales, bias)
-    if int8_products.available() and trials.ours_is_faster(
-        "int8_products", tuple(values.shape), lambda: _int8_trial(int8)
+    # torch's path only where it sums these weights exactly (then the same bits as ours)
+    if int8_products.available() and (
+        not torchs_int8_is_exact(levels)
+        or trials.ours_is_faster("int8_products", tuple(values.shape), lambda: _int8_trial(int8))
     ):
         int8 = int8._replace(panels=int8_products.pack(values))
     return int8
