@@ -35,7 +35,6 @@ ROUNDS = 9
 ROUND_SECONDS = 0.0005  # the least a round of one side runs (a trial takes some 10-30 ms)
 
 
-
 class Trial(NamedTuple):
     """Our kernel and torch's path for one shape, and the inputs to time them on (a step's rows
     and a batch's, say): ``ours(*args)`` against ``torchs(*args)`` for each ``args``."""
