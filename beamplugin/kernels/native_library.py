@@ -67,6 +67,7 @@ def forget() -> None:
     instruction_sets.forget()
     _load.cache_clear()
     _build_every_source.cache_clear()
+    _compiler.cache_clear()
     for clear in _FORGET:
         clear()
 
@@ -219,14 +220,21 @@ def sources_digest() -> str:
     return key.hexdigest()[:16]
 
 
-def _built(source: Path, compiler: str, isa: InstructionSet) -> Path:
-    """``source`` compiled for ``isa`` into the cache folder, unless it is there already."""
+@functools.cache
+def _compiler(compiler: str) -> tuple[str, str]:
+    """``compiler``'s path and its ``--version``: part of what a library was built with."""
     path = shutil.which(compiler)
     if path is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH")
     version = subprocess.run(
         [path, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
+    return path, version
+
+
+def _built(source: Path, compiler: str, isa: InstructionSet) -> Path:
+    """``source`` compiled for ``isa`` into the cache folder, unless it is there already."""
+    path, version = _compiler(compiler)
     flags = (*FLAGS, *instruction_sets.build_flags(isa))
     key = hashlib.sha256()
     for part in (source.name, sources_digest(), path, version, " ".join(flags)):
