@@ -49,6 +49,10 @@ class BlockTranslator:
 
     def __init__(self, cfg: DictConfig) -> None:
         self.translator = Translator(cfg, MAX_QUEUED, in_process=True)
+        # -s/-t's pair (a multilingual model's language tokens for it), as fairseq-interactive
+        self.pair = self.translator.languages.default
+        prefix, self.bos = self.translator.languages.prompt(self.pair)
+        self.prefix = None if prefix is None else prefix.to(self.translator.device)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
         self._active, self._busy, self._busy_since, self._lines = 0, 0.0, 0.0, 0
@@ -68,7 +72,7 @@ class BlockTranslator:
             except ValueError as error:  # too long for the engine's capacity
                 rejected.append((index, str(error)))
                 continue
-            texts[index] = self.translator.render(source, hypotheses[:1])[0].text
+            texts[index] = self.translator.render(source, hypotheses[:1], self.pair)[0].text
         seconds = time.perf_counter() - started
         worker_lines, busy = self._finished(len(lines))
         cpu = time.process_time() - self._cpu_loaded
@@ -84,13 +88,16 @@ class BlockTranslator:
         """Each line encoded and submitted to the stream (waiting while its queue is full), or
         refused: (index, source tokens, future), and (index, reason)."""
         pending, rejected = [], []
+        translator = self.translator
         for index, raw in enumerate(lines):
             try:
-                source = self.translator.encoder.encode(raw.decode("utf-8", "surrogateescape"))
+                tokens = translator.encoder.encode(raw.decode("utf-8", "surrogateescape"))
             except RefusedLine as refusal:
                 rejected.append((index, refusal.reason))
                 continue
-            pending.append((index, source, self.translator.stream.submit(source)))
+            source = translator.languages.source_tokens(self.pair, tokens).to(translator.device)
+            future = translator.stream.submit(source, prefix_tokens=self.prefix, bos=self.bos)
+            pending.append((index, source, future))
         return pending, rejected
 
     def _started(self) -> None:
