@@ -177,14 +177,15 @@ async def one_at_a_time(url: str, sentences: list[str]) -> list[float]:
 
 def offline(translator: Translator, sentences: list[str]) -> tuple[float, list[str]]:
     """Seconds to decode ``sentences`` at batch 64 in fairseq-generate's (length) order."""
-    sources = translator.encode(sentences)
+    pair = translator.languages.default
+    sources = translator.encode(sentences, pair)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[str] = [""] * len(sources)
     started = time.perf_counter()
     hypotheses = dict(translate(translator.generator, [sources[i] for i in order], 64))
     elapsed = time.perf_counter() - started
     for position, index in enumerate(order):
-        results[index] = translator.render(sources[index], hypotheses[position][:1])[0].text
+        results[index] = translator.render(sources[index], hypotheses[position][:1], pair)[0].text
     return elapsed, results
 
 
