@@ -1,7 +1,8 @@
 """Our kernels per instruction set (beamplugin/kernels/instruction_sets.py): the set chosen from
 the CPU's features or BEAMPLUGIN_ISA, libraries built with each set's own flags, the same bytes
 from every set that fuses multiply-adds (AVX-512, AVX2 and, cross-compiled and run under qemu,
-NEON), NEON's tiles without spills; and the trials against torch's kernels
+NEON), NEON's tiles without spills, --int8's weights of 8 bits wherever our kernel sums them;
+and the trials against torch's kernels
 (beamplugin/kernels/trials.py): decided once, kept on disk, obeyed by later processes."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -195,3 +198,37 @@ def test_a_weight_whose_verdict_is_torchs_is_laid_out_for_torch(kernels_for, tmp
     with torch.no_grad():
         out = linear.linear(x, weight, None, lambda: packed)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+@pytest.mark.parametrize("ours", ["off", "avx2"])
+def test_int8_sums_are_exact_with_8_bit_weights_wherever_they_can_be(ours):
+    """oneDNN capped at AVX2 (as on a CPU without VNNI, or in oneDNN's AVX2 code on some CPUs)
+    may saturate 8-bit weights' sums: with our kernels off the probe picks 8-bit weights where
+    torch's sums are exact and 7-bit ones where not; our AVX2 kernel sums 8-bit weights
+    exactly, so with it weights have 8 bits whatever torch's do. Exact products either way."""
+    if ours == "avx2" and not instruction_sets.runs_here(instruction_sets.AVX2):
+        pytest.skip("this CPU cannot run AVX2 code")
+    code = textwrap.dedent("""
+        import torch
+        from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
+        full = torch.full((5, 256), 127, dtype=torch.int8)
+        print(torch._int_mm(full, full.t())[0, 0].item() == 127 * 127 * 256)
+        print(int8_weight_levels())
+        torch.manual_seed(0)
+        weight, x = torch.randn(3992, 256), torch.randn(64, 256)
+        packed = pack_int8(weight, None)
+        out = int8_linear(x, packed)
+        scale = x.abs().amax(1, keepdim=True) / 127
+        exact = (torch.round(x / scale).double() @ packed.values.double().t()
+                 * packed.scales.double() * scale.double())
+        print(bool(((out.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-5).all()))
+        print(torch.equal(int8_linear(x[3:4], packed), out[3:4]))
+    """)
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+           "BEAMPLUGIN_ISA": ours}  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    eight_bits = ours == "avx2" or out[0] == "True"
+    assert out[1:] == ["127" if eight_bits else "63", "True", "True"], out

@@ -1,18 +1,14 @@
 """int8 products (--int8, CPU): each row of activations is quantized with its own scale and the
 weights per output channel (the encoder's convolutions too, one window of frames per row), so a
 sentence decodes as it does alone, whatever shares its step: in one batch, and on the continuous
-engine with refills. On CPUs without VNNI the weights have 7 bits (oneDNN sums pairs of products
-in 16 bits there); that path is tested here on any CPU, by capping oneDNN at AVX2 in a child
-process and by forcing 7-bit weights.
+engine with refills. Where torch's int8 path sums pairs of products in 16 bits (oneDNN without
+VNNI) and our kernel does not run, weights have 7 bits: forced here on any CPU (the probe itself:
+tests/test_instruction_sets.py).
 """
 
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -31,7 +27,6 @@ from precision_bounds import N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import instruction_sets
 from beamplugin.modules import linear as linear_module
 from beamplugin.modules.convolution import CausalConvolution, TBCConvolution
 from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
@@ -121,40 +116,6 @@ def test_int8_convolution_is_conv_tbc_within_quantization_error_and_per_sentence
     errors = ((out - expected).norm(dim=(0, 2)) / expected.norm(dim=(0, 2))).tolist()
     # measured: 0.6-0.9% of each sentence's output norm with 8-bit weights
     assert 0 < max(errors) < (0.015 if levels == 127 else 0.025), errors
-
-
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
-@pytest.mark.parametrize("ours", ["off", "avx2"])
-def test_int8_sums_are_exact_with_8_bit_weights_wherever_they_can_be(ours):
-    """oneDNN capped at AVX2 (as on a CPU without VNNI, or in oneDNN's AVX2 code on some CPUs)
-    may saturate 8-bit weights' sums: with our kernels off the probe picks 8-bit weights where
-    torch's sums are exact and 7-bit ones where not; our AVX2 kernel sums 8-bit weights
-    exactly, so with it weights have 8 bits whatever torch's do. Exact products either way."""
-    if ours == "avx2" and not instruction_sets.runs_here(instruction_sets.AVX2):
-        pytest.skip("this CPU cannot run AVX2 code")
-    code = textwrap.dedent("""
-        import torch
-        from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
-        full = torch.full((5, 256), 127, dtype=torch.int8)
-        print(torch._int_mm(full, full.t())[0, 0].item() == 127 * 127 * 256)
-        print(int8_weight_levels())
-        torch.manual_seed(0)
-        weight, x = torch.randn(3992, 256), torch.randn(64, 256)
-        packed = pack_int8(weight, None)
-        out = int8_linear(x, packed)
-        scale = x.abs().amax(1, keepdim=True) / 127
-        exact = (torch.round(x / scale).double() @ packed.values.double().t()
-                 * packed.scales.double() * scale.double())
-        print(bool(((out.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-5).all()))
-        print(torch.equal(int8_linear(x[3:4], packed), out[3:4]))
-    """)
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
-           "BEAMPLUGIN_ISA": ours}  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
-    eight_bits = ours == "avx2" or out[0] == "True"
-    assert out[1:] == ["127" if eight_bits else "63", "True", "True"], out
 
 
 @pytest.mark.parametrize("levels", LEVELS, indirect=True)
