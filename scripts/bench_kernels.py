@@ -116,7 +116,7 @@ def attention_rows() -> list[dict]:
     rows = []
     for heads, head_dim in [(4, 64), (8, 64)]:
         for count in (5, 320):
-            trial = float_attention._trial(heads, head_dim, rows=count)
+            trial = float_attention.trial(heads, head_dim, rows=count)
             # two attentions: 16 history columns and 24 source positions, q.k and p.v each
             flops = 2 * 2 * count * heads * head_dim * (16 + 24)
             rows.append(dict(kernel="attention", shape=f"{heads}x{head_dim}", rows=count,
@@ -128,7 +128,7 @@ def attention_rows() -> list[dict]:
 def candidate_rows() -> list[dict]:
     rows = []
     for vocab in (3952, 32000):
-        trial = candidates._trial(5, vocab)
+        trial = candidates.trial(5, vocab)
         for args in trial.inputs:
             rows.append(dict(kernel="candidates", shape=f"5x{vocab}", rows=args[0].size(0),
                              flops=0, ours=fastest(partial(trial.ours, *args)),

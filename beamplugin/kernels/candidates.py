@@ -36,10 +36,10 @@ def serves(lprobs: Tensor) -> bool:
     if lprobs.dtype != torch.float32 or not lprobs.is_cpu or _kernel() is None:
         return False
     shape = tuple(lprobs.shape[1:])
-    return trials.ours_is_faster("candidates", shape, lambda: _trial(*shape))
+    return trials.ours_is_faster("candidates", shape, lambda: trial(*shape))
 
 
-def _trial(beams: int, vocab: int) -> Trial:
+def trial(beams: int, vocab: int) -> Trial:
     """Our candidates against torch's add and topk, for one sentence and for 16."""
     inputs = []
     for sentences in (1, 16):

@@ -53,11 +53,11 @@ def taken(heads: int, head_dim: int) -> bool:
     """Whether our kernels are built and faster than torch's for attention over ``heads`` of
     ``head_dim`` (beamplugin.kernels.trials)."""
     return _kernels() is not None and trials.ours_is_faster(
-        "attention", (heads, head_dim), lambda: _trial(heads, head_dim)
+        "attention", (heads, head_dim), lambda: trial(heads, head_dim)
     )
 
 
-def _trial(heads: int, head_dim: int, rows: int = 5, width: int = 16, src: int = 24) -> Trial:
+def trial(heads: int, head_dim: int, rows: int = 5, width: int = 16, src: int = 24) -> Trial:
     """A decoder step's two attentions (``rows`` of one sentence, ``width`` steps of history,
     ``src`` source positions) by our kernels against torch's batched products and softmax."""
     embed = heads * head_dim
