@@ -24,7 +24,7 @@ from beamplugin.corpus.job import Job, Runner
 from beamplugin.corpus.local_runner import LocalRunner
 from beamplugin.corpus.manifest import Manifest
 from beamplugin.fairseq_plugin.interactive_input import EXIT_LINES_REFUSED
-from beamplugin.serving.cli import DECODING_OPTIONS
+from beamplugin.serving.cli import add_decoding_options
 from beamplugin.serving.decoder_process import log_to_stderr
 
 logger = logging.getLogger("beamplugin.corpus")
@@ -82,14 +82,7 @@ def brief_help() -> str:
         epilog="Every option of fairseq-interactive applies: --help-all lists them.",
         add_help=False,
     )
-    decoding = parser.add_argument_group("Decoding (fairseq-interactive's options)")
-    for flags, metavar, text in DECODING_OPTIONS:
-        if flags[0] in ("--nbest", "--print-alignment"):  # one translation a line, no more
-            continue
-        if metavar is None:
-            decoding.add_argument(*flags, action="store_true", help=text)
-        else:
-            decoding.add_argument(*flags, metavar=metavar, help=text or argparse.SUPPRESS)
+    add_decoding_options(parser, leave_out=("--nbest", "--print-alignment"))  # a line each
     add_corpus_options(parser)
     return parser.format_help()
 

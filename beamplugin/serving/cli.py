@@ -58,17 +58,27 @@ def brief_help() -> str:
         epilog="Every option of fairseq-interactive applies: --help-all lists them.",
         add_help=False,
     )
-    decoding = parser.add_argument_group("Decoding (fairseq-interactive's options)")
-    for flags, metavar, text in DECODING_OPTIONS:
-        if metavar is None:
-            decoding.add_argument(*flags, action="store_true", help=text)
-        else:
-            decoding.add_argument(*flags, metavar=metavar, help=text or argparse.SUPPRESS)
+    add_decoding_options(parser)
     add_server_options(parser)
     parser.add_argument_group("Help").add_argument(
         "-h", "--help", action="store_true", help="this; --help-all: every option"
     )
     return parser.format_help()
+
+
+def add_decoding_options(
+    parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()
+) -> None:
+    """The decoding options most used (:data:`DECODING_OPTIONS`) as a brief help shows them, but
+    those whose first flag is in ``leave_out``."""
+    decoding = parser.add_argument_group("Decoding (fairseq-interactive's options)")
+    for flags, metavar, text in DECODING_OPTIONS:
+        if flags[0] in leave_out:
+            continue
+        if metavar is None:
+            decoding.add_argument(*flags, action="store_true", help=text)
+        else:
+            decoding.add_argument(*flags, metavar=metavar, help=text or argparse.SUPPRESS)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
