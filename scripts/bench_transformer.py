@@ -268,41 +268,44 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
                    key=lambda item: len(item["source"]))
     sources = [item["source"].tolist() for item in items]
     references = [dictionary.string(item["target"], "sentencepiece") for item in items]
-    workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
-    systems = SYSTEMS[:5]
-    ct2: dict[str, str] = {}
-    try:
-        import ctranslate2  # noqa: F401
+    # the converted models and the jobs: gigabytes at real sizes, removed at the end
+    with tempfile.TemporaryDirectory(prefix="bench-transformer-") as scratch:
+        workdir = Path(scratch)
+        systems = SYSTEMS[:5]
+        ct2: dict[str, str] = {}
+        try:
+            import ctranslate2  # noqa: F401
 
-        if transformer:
-            ct2 = {kind: str(ct2_model(path, data, None if kind == "float32" else kind,
-                                       workdir)) for kind in ("float32", "int8")}
-            systems = SYSTEMS
-    except ImportError:
-        print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
-    print(f"# {path}; beam {BEAM}, max_len_a 0, max_len_b {options.max_len_b}; "
-          f"{cpu_description()}; torch {torch.__version__}; each timing in a process of its own")
-    rng = random.Random(1)
-    for threads in options.threads:
-        for batch in options.batch_sizes:
-            count = len(sources) if batch > 1 else min(options.batch_1_sentences, len(sources))
-            job = workdir / f"job-{threads}-{batch}.json"
-            job.write_text(json.dumps({
-                "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
-                "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
-                "max_len_b": options.max_len_b,
-            }), encoding="utf-8")  # fmt: skip
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
-            outputs: dict[str, list[list[int]]] = {}
-            for _ in range(options.repeats):
-                for name in rng.sample(systems, len(systems)):
-                    result = run_worker(path, data, name, job)
-                    runs[name].append(result)
-                    outputs[name] = (
-                        ct2_tokens(result["best"], dictionary, options.max_len_b)
-                        if name.startswith("ct2") else result["best"]
-                    )
-            report(threads, batch, count, runs, outputs, references, dictionary)
+            if transformer:
+                ct2 = {kind: str(ct2_model(path, data, None if kind == "float32" else kind,
+                                           workdir)) for kind in ("float32", "int8")}
+                systems = SYSTEMS
+        except ImportError:
+            print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
+        print(f"# {path}; beam {BEAM}, max_len_a 0, max_len_b {options.max_len_b}; "
+              f"{cpu_description()}; torch {torch.__version__}; "
+              "each timing in a process of its own")
+        rng = random.Random(1)
+        for threads in options.threads:
+            for batch in options.batch_sizes:
+                count = len(sources) if batch > 1 else min(options.batch_1_sentences, len(sources))
+                job = workdir / f"job-{threads}-{batch}.json"
+                job.write_text(json.dumps({
+                    "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
+                    "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
+                    "max_len_b": options.max_len_b,
+                }), encoding="utf-8")  # fmt: skip
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+                outputs: dict[str, list[list[int]]] = {}
+                for _ in range(options.repeats):
+                    for name in rng.sample(systems, len(systems)):
+                        result = run_worker(path, data, name, job)
+                        runs[name].append(result)
+                        outputs[name] = (
+                            ct2_tokens(result["best"], dictionary, options.max_len_b)
+                            if name.startswith("ct2") else result["best"]
+                        )
+                report(threads, batch, count, runs, outputs, references, dictionary)
 
 
 def ct2_tokens(best: list[list[str]], dictionary: Any, max_len_b: int) -> list[list[int]]:
