@@ -1,11 +1,11 @@
 """A fairseq transformer checkpoint decoded by fairseq's generator, ours and CTranslate2, side by
-side in one run: sentences/s at each batch size and thread count, each against fairseq's and
-against CTranslate2 float32, the share of best hypotheses equal to fairseq's, and BLEU. An fconv
-or convs2s checkpoint too: fairseq's fconv against our convs2s on the same weights (CTranslate2
-converts no ConvS2S).
+side in one run: sentences/s and tokens/s at each batch size and thread count, each against
+fairseq's and against CTranslate2's, the share of best hypotheses equal to fairseq's, BLEU, and
+each system's peak resident memory and load time. An fconv or convs2s checkpoint too: fairseq's
+fconv against our convs2s on the same weights (CTranslate2 converts no ConvS2S).
 
-Systems (beam 5, lenpen 1, max_len_b 200, one test-set order sorted by source length, batches of
-B consecutive sentences, as fairseq-generate makes them):
+Systems (beam 5, lenpen 1, max_len_a 0, max_len_b 200 (``--max-len-b``), one test-set order
+sorted by source length, batches of B consecutive sentences, as fairseq-generate makes them):
 
 * ``fairseq``: fairseq's SequenceGenerator, ``generate`` per batch;
 * ``ours`` / ``ours int8``: beamplugin's engine as fairseq-generate runs it through task
@@ -20,7 +20,17 @@ B consecutive sentences, as fairseq-generate makes them):
   C compiler): our kernels must never be slower than that;
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
   every sentence in one ``translate_batch`` with ``max_batch_size`` B, intra_threads = the
-  thread count.
+  thread count, max_decoding_length = max_len_b + 1: fairseq decodes up to max_len_b tokens,
+  then one more step forced to EOS; CTranslate2 counts steps and forces nothing, so both decode
+  max_len_b + 1 steps at most. A CTranslate2 hypothesis that reaches the limit is compared and
+  scored without its last word, which stands where fairseq's forced EOS does (CTranslate2 has no
+  max_len_a: the limit is the same for every source length).
+
+tokens/s counts the tokens of each system's best hypotheses, EOS included (each is a decoder
+step). A worker's load time runs from loading the checkpoint (its runtime's imports done) to
+ready to decode (for ``ours int8`` the weights cast, for every system its generator built),
+before the warm-up decode; its peak resident memory is Linux's VmHWM at the end (the model, the
+runtime and both decodes), the largest over rounds.
 
 Every timing runs in a process of its own that loads only its system (CTranslate2's without
 torch), decodes once to warm up, then once timed: in one process the idle threads of one
@@ -62,18 +72,31 @@ def checkpoint_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
     parser.add_argument("--data", required=True, help="its binarized data directory")
-    parser.add_argument("--gen-subset", default="test")
-    parser.add_argument("--sentences", type=int, default=256)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    test_set_options(parser)
     return parser
 
 
-def parse_args() -> argparse.Namespace:
-    parser = checkpoint_parser(__doc__)
+def test_set_options(parser: argparse.ArgumentParser) -> None:
+    """Which sentences are decoded, in batches of which sizes (this script's and its siblings')."""
+    parser.add_argument("--gen-subset", default="test")
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+
+
+def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
+    """The options of :func:`measure` beyond the test set: shared with bench_model_sizes.py,
+    whose random models decode to ``--max-len-b`` (its default differs from ours)."""
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--batch-1-sentences", type=int, default=60,
                         help="sentences timed at batch size 1 (it is slow for fairseq)")
+    parser.add_argument("--max-len-b", type=int, default=max_len_b,
+                        help="longest hypothesis in tokens before EOS (max_len_a is 0)")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = checkpoint_parser(__doc__)
+    timing_options(parser, MAX_LEN_B)
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -96,38 +119,69 @@ def ct2_model(path: str, data: str, quantization: str | None, workdir: Path) -> 
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Decode the job's sentences twice with ``args.worker``, print the second's seconds and
-    its best hypotheses (token ids for fairseq and ours, words for CTranslate2) as JSON."""
+    """Decode the job's sentences twice with ``args.worker``, print as JSON the second's seconds,
+    its best hypotheses (token ids for fairseq and ours, words for CTranslate2), the seconds from
+    loading the model to ready to decode (the runtime's imports excluded, the warm-up decode
+    not included: what lazily happens there is not counted) and the process's peak resident
+    memory (the model, its runtime and the decodes' buffers)."""
     job = json.loads(Path(args.job).read_text(encoding="utf-8"))
     if args.worker.startswith("ct2"):
-        decode = ct2_decoder(job, args.worker.split()[1], job["threads"])
+        decode, load_seconds = ct2_decoder(job, args.worker.split()[1], job["threads"])
     else:
-        decode = torch_decoder(args, job)
+        decode, load_seconds = torch_decoder(args, job)
     decode()
     start = time.perf_counter()
     best = decode()
-    print(json.dumps({"seconds": time.perf_counter() - start, "best": best}))
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "best": best, "load_seconds": load_seconds,
+                      "peak_rss_mib": peak_resident_mib()}))
 
 
-def ct2_decoder(job: dict[str, Any], compute_type: str, threads: int) -> Any:
+def peak_resident_mib() -> float | None:
+    """This process's peak resident memory in MiB: Linux's VmHWM, None where there is none.
+    Not ``getrusage``'s ``ru_maxrss``: that survives exec, so a worker would report at least
+    the resident memory its parent had when it started it (the parent holds torch and fairseq)."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def ct2_decoder(job: dict[str, Any], compute_type: str, threads: int) -> tuple[Any, float]:
+    """CTranslate2's decode of the job's sentences, and the seconds its model took to load."""
     import ctranslate2  # the only runtime in this process
 
+    started = time.perf_counter()
     translator = ctranslate2.Translator(
         job["ct2"][compute_type], device="cpu", compute_type=compute_type,
         intra_threads=threads, inter_threads=1,
     )  # fmt: skip
+    loaded = time.perf_counter() - started
 
     def decode() -> list[list[str]]:
         results = translator.translate_batch(
             job["words"], beam_size=BEAM, max_batch_size=job["batch"], length_penalty=1.0,
-            max_decoding_length=MAX_LEN_B, return_scores=False,
+            max_decoding_length=ct2_decoding_length(job["max_len_b"]), return_scores=False,
         )  # fmt: skip
         return [r.hypotheses[0] for r in results]
 
-    return decode
+    return decode, loaded
 
 
-def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
+def ct2_decoding_length(max_len_b: int) -> int:
+    """CTranslate2's max_decoding_length that decodes as many steps as fairseq's max_len_b (and
+    max_len_a 0): fairseq decodes up to max_len_b tokens and then one more step whose token is
+    forced to EOS, CTranslate2 stops after max_decoding_length steps whatever their tokens."""
+    return max_len_b + 1
+
+
+def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, float]:
+    """fairseq's or our decode of the job's sentences (as ``args.worker`` names), and the seconds
+    from loading the checkpoint to the generator built."""
     import torch
     from bench_generate import checkpoint_models, prepare
     from fairseq import checkpoint_utils
@@ -139,6 +193,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
     from beamplugin.streams.translate import translate
 
     torch.set_num_threads(job["threads"])
+    started = time.perf_counter()
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [args.path], arg_overrides={"data": args.data}
     )
@@ -148,12 +203,13 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
         model = prepare(fconv, BEAM) if args.worker == "fairseq" else convs2s
     if args.worker == "ours int8":
         cast_for_decoding([model], "int8")
-    options: dict[str, Any] = dict(beam_size=BEAM, max_len_b=MAX_LEN_B)
+    options: dict[str, Any] = dict(beam_size=BEAM, max_len_a=0, max_len_b=job["max_len_b"])
     streams = args.worker in OURS_STREAMED
     if streams:  # as task beam_translation builds it without --print-alignment, --nbest 1
         options.update(attention=False, nbest=1)
     kind = FairseqGenerator if args.worker == "fairseq" else SequenceGenerator
     generator = kind([model], task.target_dictionary, **options)
+    loaded = time.perf_counter() - started
     pad, batch = task.source_dictionary.pad(), job["batch"]
     sources = [torch.tensor(s) for s in job["sources"]]
 
@@ -176,7 +232,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> Any:
             best.extend(hypos[0]["tokens"].tolist() for hypos in out)
         return best
 
-    return streamed if streams else decode
+    return (streamed if streams else decode), loaded
 
 
 # ---- the run: workers in turns, the table ------------------------------------------------------
@@ -186,7 +242,14 @@ def main() -> None:
     args = parse_args()
     if args.worker:
         worker(args)
-        return
+    else:
+        measure(args.path, args.data, args)
+
+
+def measure(path: str, data: str, options: argparse.Namespace) -> None:
+    """Time every system on checkpoint ``path`` (data directory ``data``) and print a table per
+    thread count and batch size. ``options`` holds those of :func:`test_set_options` and
+    :func:`timing_options` (bench_model_sizes.py calls this on the models it builds)."""
     import torch
     from bench_generate import cpu_description
     from fairseq import checkpoint_utils
@@ -194,49 +257,62 @@ def main() -> None:
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [args.path], arg_overrides={"data": args.data}
+        [path], arg_overrides={"data": data}
     )
+    transformer = not convolutional(models[0])
+    del models  # the workers load their own: not this process's gigabytes meanwhile
     dictionary, eos = task.target_dictionary, task.target_dictionary.eos()
-    task.load_dataset(args.gen_subset)
-    dataset = task.dataset(args.gen_subset)
-    items = sorted((dataset[i] for i in range(min(args.sentences, len(dataset)))),
+    task.load_dataset(options.gen_subset)
+    dataset = task.dataset(options.gen_subset)
+    items = sorted((dataset[i] for i in range(min(options.sentences, len(dataset)))),
                    key=lambda item: len(item["source"]))
     sources = [item["source"].tolist() for item in items]
     references = [dictionary.string(item["target"], "sentencepiece") for item in items]
-    workdir = Path(tempfile.mkdtemp(prefix="bench-transformer-"))
-    systems = SYSTEMS[:5]
-    ct2: dict[str, str] = {}
-    try:
-        import ctranslate2  # noqa: F401
+    # the converted models and the jobs: gigabytes at real sizes, removed at the end
+    with tempfile.TemporaryDirectory(prefix="bench-transformer-") as scratch:
+        workdir = Path(scratch)
+        systems = SYSTEMS[:5]
+        ct2: dict[str, str] = {}
+        try:
+            import ctranslate2  # noqa: F401
 
-        if not convolutional(models[0]):
-            ct2 = {kind: str(ct2_model(args.path, args.data, None if kind == "float32" else kind,
-                                       workdir)) for kind in ("float32", "int8")}
-            systems = SYSTEMS
-    except ImportError:
-        print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
-    print(f"# {args.path}; beam {BEAM}; {cpu_description()}; torch {torch.__version__}; "
-          "each timing in a process of its own")
-    rng = random.Random(1)
-    for threads in args.threads:
-        for batch in args.batch_sizes:
-            count = len(sources) if batch > 1 else min(args.batch_1_sentences, len(sources))
-            job = workdir / f"job-{threads}-{batch}.json"
-            job.write_text(json.dumps({
-                "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
-                "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
-            }), encoding="utf-8")  # fmt: skip
-            seconds: dict[str, list[float]] = {name: [] for name in systems}
-            outputs: dict[str, list[list[int]]] = {}
-            for _ in range(args.repeats):
-                for name in rng.sample(systems, len(systems)):
-                    result = run_worker(args, name, job)
-                    seconds[name].append(result["seconds"])
-                    outputs[name] = (
-                        [[dictionary.index(w) for w in h] + [eos] for h in result["best"]]
-                        if name.startswith("ct2") else result["best"]
-                    )
-            report(threads, batch, count, seconds, outputs, references, dictionary)
+            if transformer:
+                ct2 = {kind: str(ct2_model(path, data, None if kind == "float32" else kind,
+                                           workdir)) for kind in ("float32", "int8")}
+                systems = SYSTEMS
+        except ImportError:
+            print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
+        print(f"# {path}; beam {BEAM}, max_len_a 0, max_len_b {options.max_len_b}; "
+              f"{cpu_description()}; torch {torch.__version__}; "
+              "each timing in a process of its own")
+        rng = random.Random(1)
+        for threads in options.threads:
+            for batch in options.batch_sizes:
+                count = len(sources) if batch > 1 else min(options.batch_1_sentences, len(sources))
+                job = workdir / f"job-{threads}-{batch}.json"
+                job.write_text(json.dumps({
+                    "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
+                    "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
+                    "max_len_b": options.max_len_b,
+                }), encoding="utf-8")  # fmt: skip
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+                outputs: dict[str, list[list[int]]] = {}
+                for _ in range(options.repeats):
+                    for name in rng.sample(systems, len(systems)):
+                        result = run_worker(path, data, name, job)
+                        runs[name].append(result)
+                        outputs[name] = (
+                            ct2_tokens(result["best"], dictionary, options.max_len_b)
+                            if name.startswith("ct2") else result["best"]
+                        )
+                report(threads, batch, count, runs, outputs, references, dictionary)
+
+
+def ct2_tokens(best: list[list[str]], dictionary: Any, max_len_b: int) -> list[list[int]]:
+    """CTranslate2's best hypotheses as fairseq's tokens: ended by EOS (which CTranslate2 leaves
+    out), those that reached the length limit without their last word (which stands where
+    fairseq's forced EOS does: see :func:`ct2_decoding_length`)."""
+    return [[dictionary.index(w) for w in h[:max_len_b]] + [dictionary.eos()] for h in best]
 
 
 def convolutional(model: Any) -> bool:
@@ -248,35 +324,48 @@ def convolutional(model: Any) -> bool:
     return isinstance(model, FConvModel | ConvS2SModel)
 
 
-def run_worker(args: argparse.Namespace, name: str, job: Path) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--path", args.path, "--data", args.data,
+def run_worker(path: str, data: str, name: str, job: Path) -> dict[str, Any]:
+    """One timed decode by system ``name`` in a process of its own: :func:`worker`'s JSON."""
+    command = [sys.executable, __file__, "--path", path, "--data", data,
                "--worker", name, "--job", str(job)]
     env = {**os.environ, "BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
-    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(threads: int, batch: int, count: int, seconds: dict, outputs: dict,
-           references: list[str], dictionary: Any) -> None:
+def report(threads: int, batch: int, count: int, runs: dict[str, list[dict[str, Any]]],
+           outputs: dict[str, list[list[int]]], references: list[str], dictionary: Any) -> None:
+    """One table: per system the medians over rounds of its speed (sentences/s, and tokens/s
+    counting each best hypothesis's tokens with its EOS, one decoder step each) and load time,
+    its speed against fairseq's and CTranslate2's, its best hypotheses against fairseq's, BLEU,
+    and the largest peak resident memory of its rounds."""
     import sacrebleu
     import torch
 
-    median = {name: statistics.median(s) for name, s in seconds.items()}
+    median = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
     base = median["fairseq"]
     ct2, ct2_int8 = median.get("ct2 float32"), median.get("ct2 int8")
     print(f"\n## {threads} thread(s), batch {batch}: {count} sentences, "
-          f"median of {len(next(iter(seconds.values())))} rounds")
+          f"median of {len(next(iter(runs.values())))} rounds; tok/s: output tokens of the best "
+          "hypotheses, EOS included")
+    against = "  x ct2 f32  x ct2 int8" if ct2 and ct2_int8 else ""
+    print(f"{'system':18s}  sent/s    tok/s  x fairseq{against}  same best  BLEU  "
+          "peak MiB  load s")
     for name, time_taken in median.items():
         same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"], strict=True))
+        tokens = sum(len(h) for h in outputs[name])
         text = [dictionary.string(torch.tensor(h), "sentencepiece") for h in outputs[name]]
         bleu = sacrebleu.corpus_bleu(text, [references[: len(text)]]).score
-        against_ct2 = (
-            f"  x{ct2 / time_taken:5.2f} ct2 float32  x{ct2_int8 / time_taken:5.2f} ct2 int8"
-            if ct2 and ct2_int8 else ""
-        )
-        print(f"{name:12s} {count / time_taken:7.1f} sent/s  x{base / time_taken:5.2f} "
-              f"fairseq{against_ct2}  same best as fairseq {same}/{count}  "
-              f"BLEU {bleu:5.2f}")
+        against_ct2 = (f"  {ct2 / time_taken:9.2f}  {ct2_int8 / time_taken:10.2f}"
+                       if ct2 and ct2_int8 else "")
+        load = statistics.median(r["load_seconds"] for r in runs[name])
+        peaks = [r["peak_rss_mib"] for r in runs[name] if r["peak_rss_mib"] is not None]
+        peak = f"{max(peaks):9.0f}" if peaks else f"{'-':>9s}"
+        print(f"{name:18s} {count / time_taken:7.1f} {tokens / time_taken:8.1f} "
+              f"{base / time_taken:10.2f}{against_ct2}  {same:4d}/{count:<4d} {bleu:5.2f} "
+              f"{peak} {load:7.2f}")
 
 
 if __name__ == "__main__":
