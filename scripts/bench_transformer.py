@@ -92,6 +92,8 @@ def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
                         help="sentences timed at batch size 1 (it is slow for fairseq)")
     parser.add_argument("--max-len-b", type=int, default=max_len_b,
                         help="longest hypothesis in tokens before EOS (max_len_a is 0)")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS,
+                        help="which to time (fairseq always: the others are set against it)")
 
 
 def parse_args() -> argparse.Namespace:
@@ -282,6 +284,8 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
                 systems = SYSTEMS
         except ImportError:
             print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
+        # at real sizes a round takes minutes a system: the ones asked for, fairseq always
+        systems = [s for s in systems if s in options.systems or s == "fairseq"]
         print(f"# {path}; beam {BEAM}, max_len_a 0, max_len_b {options.max_len_b}; "
               f"{cpu_description()}; torch {torch.__version__}; "
               "each timing in a process of its own")
