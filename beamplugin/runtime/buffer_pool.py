@@ -19,15 +19,11 @@ from torch import Tensor
 
 class BufferPool:
     """Keeps up to ``keep`` buffers that no lease holds, the largest (a buffer serves any
-    request it is large enough for, and a long sentence's tail returns many small ones), and
-    no more bytes of them than the largest buffer it lent: a history that grew leaves its
-    smaller buffers behind, and four of them were 1.3 GB of a base transformer's decode at
-    batch 64 (docs/speed.md)."""
+    request it is large enough for, and a long sentence's tail returns many small ones)."""
 
     def __init__(self, keep: int = 4) -> None:
         self.keep = keep
         self._free: list[Tensor] = []
-        self._largest = 0  # bytes of the largest buffer lent
         # generators may decode in several threads; a lease's finalizer may run inside _take
         # (a collection during an allocation), in the thread that holds the lock: reentrant
         self._lock = threading.RLock()
@@ -55,22 +51,9 @@ class BufferPool:
             self._free = [buffer for buffer in self._free if buffer is not smallest]
             return smallest
 
-    def _lent(self, buffer: Tensor) -> None:
-        with self._lock:
-            self._largest = max(self._largest, _bytes(buffer))
-
     def _give_back(self, buffers: Sequence[Tensor]) -> None:
         with self._lock:
-            kept, total = [], 0
-            for buffer in sorted([*self._free, *buffers], key=_bytes, reverse=True):
-                if len(kept) < self.keep and total + _bytes(buffer) <= self._largest:
-                    kept.append(buffer)
-                    total += _bytes(buffer)
-            self._free = kept
-
-
-def _bytes(buffer: Tensor) -> int:
-    return buffer.numel() * buffer.element_size()
+            self._free = sorted([*self._free, *buffers], key=Tensor.numel)[-self.keep :]
 
 
 class Lease:
@@ -89,7 +72,6 @@ class Lease:
         buffer = self._pool._take(shape, like, grows)
         if buffer is None:
             buffer = like.new_zeros(shape)
-            self._pool._lent(buffer)
         self._held.append(buffer)
         return buffer
 
