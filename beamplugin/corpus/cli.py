@@ -18,13 +18,12 @@ from fairseq.data.data_utils import infer_language_pair
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import DictConfig
 
-import beamplugin
 from beamplugin.corpus.inputs import expand, survey
 from beamplugin.corpus.job import Job, Runner
 from beamplugin.corpus.local_runner import LocalRunner
 from beamplugin.corpus.manifest import Manifest
 from beamplugin.fairseq_plugin.interactive_input import EXIT_LINES_REFUSED
-from beamplugin.serving.cli import add_decoding_options
+from beamplugin.serving.cli import add_decoding_options, interactive_parser
 from beamplugin.serving.decoder_process import log_to_stderr
 
 logger = logging.getLogger("beamplugin.corpus")
@@ -89,14 +88,7 @@ def brief_help() -> str:
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictConfig]:
     """fairseq-interactive's options and the corpus's, as fairseq parses them."""
-    given = sys.argv[1:] if argv is None else argv
-    if "-h" in given or "--help" in given:
-        print(brief_help())
-        sys.exit(0)
-    if "--help-all" in given:
-        argv = ["--help" if a == "--help-all" else a for a in given]
-    parser = options.get_interactive_generation_parser(default_task="beam_translation")
-    parser.set_defaults(user_dir=str(Path(beamplugin.__file__).parent))
+    parser, argv = interactive_parser(argv, brief_help)
     parser.conflict_handler = "resolve"  # our --input (files) replaces fairseq-interactive's
     add_corpus_options(parser)
     args = options.parse_args_and_arch(parser, argv)

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from fairseq import options
@@ -125,17 +126,27 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictConfig]:
-    """fairseq-interactive's options and the server's, as fairseq parses them. ``--help``
-    prints the brief help and exits; ``--help-all`` fairseq's full list and the server's."""
+def interactive_parser(
+    argv: list[str] | None, brief: Callable[[], str]
+) -> tuple[argparse.ArgumentParser, list[str] | None]:
+    """fairseq-interactive's parser with this plugin's task and user dir, for a command of ours
+    that takes its options, and the arguments to parse: ``--help`` prints ``brief()`` and exits,
+    ``--help-all`` becomes fairseq's ``--help`` (its full list, the command's options with it)."""
     given = sys.argv[1:] if argv is None else argv
     if "-h" in given or "--help" in given:
-        print(brief_help())
+        print(brief())
         sys.exit(0)
     if "--help-all" in given:
         argv = ["--help" if a == "--help-all" else a for a in given]
     parser = options.get_interactive_generation_parser(default_task="beam_translation")
     parser.set_defaults(user_dir=str(Path(beamplugin.__file__).parent))
+    return parser, argv
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictConfig]:
+    """fairseq-interactive's options and the server's, as fairseq parses them. ``--help``
+    prints the brief help and exits; ``--help-all`` fairseq's full list and the server's."""
+    parser, argv = interactive_parser(argv, brief_help)
     add_server_options(parser)
     args = options.parse_args_and_arch(parser, argv)
     if args.max_request_sentences is None:
