@@ -51,8 +51,7 @@ class BlockTranslator:
         self.translator = Translator(cfg, MAX_QUEUED, in_process=True)
         # -s/-t's pair (a multilingual model's language tokens for it), as fairseq-interactive
         self.pair = self.translator.languages.default
-        prefix, self.bos = self.translator.languages.prompt(self.pair)
-        self.prefix = None if prefix is None else prefix.to(self.translator.device)
+        self.prompt = self.translator.prompt(self.pair)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
         self._active, self._busy, self._busy_since, self._lines = 0, 0.0, 0.0, 0
@@ -88,16 +87,16 @@ class BlockTranslator:
         """Each line encoded and submitted to the stream (waiting while its queue is full), or
         refused: (index, source tokens, future), and (index, reason)."""
         pending, rejected = [], []
-        translator = self.translator
+        stream, (prefix, bos) = self.translator.stream, self.prompt
         for index, raw in enumerate(lines):
             try:
-                tokens = translator.encoder.encode(raw.decode("utf-8", "surrogateescape"))
+                source = self.translator.encode_line(
+                    raw.decode("utf-8", "surrogateescape"), self.pair
+                )
             except RefusedLine as refusal:
                 rejected.append((index, refusal.reason))
                 continue
-            source = translator.languages.source_tokens(self.pair, tokens).to(translator.device)
-            future = translator.stream.submit(source, prefix_tokens=self.prefix, bos=self.bos)
-            pending.append((index, source, future))
+            pending.append((index, source, stream.submit(source, prefix_tokens=prefix, bos=bos)))
         return pending, rejected
 
     def _started(self) -> None:

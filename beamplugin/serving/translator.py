@@ -101,19 +101,26 @@ class Translator:
         encoded = []
         for index, line in enumerate(lines):
             try:
-                tokens = self.encoder.encode(line)
+                encoded.append(self.encode_line(line, pair))
             except RefusedLine as refusal:
                 raise RefusedSentence(index, refusal.reason) from None
-            encoded.append(self.languages.source_tokens(pair, tokens).to(self.device))
         return encoded
+
+    def encode_line(self, line: str, pair: Pair) -> torch.Tensor:
+        """One line's source tokens as the encoder reads them in ``pair`` (its language token
+        where the model has one), on the decoder's device; RefusedLine if it cannot be."""
+        return self.languages.source_tokens(pair, self.encoder.encode(line)).to(self.device)
+
+    def prompt(self, pair: Pair) -> Prompt:
+        """What a hypothesis in ``pair`` starts with (a multilingual model's target-language
+        token), on the decoder's device."""
+        prefix, bos = self.languages.prompt(pair)
+        return Prompt(None if prefix is None else prefix.to(self.device), bos)
 
     def submit(self, sources: list[torch.Tensor], pair: Pair) -> list[Future]:
         """A future of each sentence's hypotheses in ``pair`` (best first), queued all together
         or, with too few places free, none (``QueueFull``)."""
-        prefix, bos = self.languages.prompt(pair)
-        if prefix is not None:
-            prefix = prefix.to(self.device)
-        return self.stream.submit_together(sources, Prompt(prefix, bos))
+        return self.stream.submit_together(sources, self.prompt(pair))
 
     def observe(self, observer: StreamObserver) -> None:
         """Report the decoder's steps and queue waits to ``observer`` from now on."""
