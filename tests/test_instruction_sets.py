@@ -220,7 +220,8 @@ def test_int8_sums_are_exact_with_8_bit_weights_wherever_they_can_be(ours):
         packed = pack_int8(weight, None)
         out = int8_linear(x, packed)
         scale = x.abs().amax(1, keepdim=True) / 127
-        exact = (torch.round(x / scale).double() @ packed.values.double().t()
+        values = torch.round(weight / packed.scales[:, None])  # the weight's integers
+        exact = (torch.round(x / scale).double() @ values.double().t()
                  * packed.scales.double() * scale.double())
         print(bool(((out.double() - exact).abs() <= 1e-6 * exact.abs() + 1e-5).all()))
         print(torch.equal(int8_linear(x[3:4], packed), out[3:4]))

@@ -77,7 +77,10 @@ def test_int8_product_of_a_row_does_not_depend_on_the_other_rows(levels):
     torch.manual_seed(0)
     weight, bias = torch.randn(3992, 256) * 0.1, torch.randn(3992)
     packed = pack_int8(weight, bias)
-    assert packed.values.abs().max() == levels
+    # the weight's integers: per output channel, max |w| at +-levels
+    values = torch.round(weight / packed.scales[:, None])
+    assert values.abs().max() == levels
+    assert torch.equal(packed.scales, weight.abs().amax(1) / levels)
     x = torch.randn(320, 256)
     x[7] *= 1000  # a batch-mate with huge activations: a shared scale would crush the others
     x[9] = 0  # and a zero row (padding)
@@ -88,7 +91,7 @@ def test_int8_product_of_a_row_does_not_depend_on_the_other_rows(levels):
     # the integer sums are exact: the result is that of float64 arithmetic on the same integers
     scale = (x.abs().amax(1, keepdim=True) / 127).clamp(min=1e-30)
     quantized = torch.round(x / scale).double()
-    exact = quantized @ packed.values.double().t() * packed.scales.double() * scale.double()
+    exact = quantized @ values.double().t() * packed.scales.double() * scale.double()
     torch.testing.assert_close(everything.double(), exact + bias.double(), rtol=1e-6, atol=1e-5)
 
 

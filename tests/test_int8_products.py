@@ -22,8 +22,8 @@ def test_the_kernel_gives_torchs_int8_bits(shape):
     torch.manual_seed(0)
     weight, bias = torch.randn(shape) * 0.1, torch.randn(shape[0])
     ours = linear.pack_int8(weight, bias)
-    assert ours.panels is not None
-    torchs = ours._replace(panels=None)
+    assert ours.panels is not None and ours.values is None  # only our kernel reads them
+    torchs = ours._replace(panels=None, values=_integers(weight, ours))
     for rows in (1, 5, 9, 37, 320):
         x = torch.randn(rows, shape[1]) * 3
         x[0, : min(3, shape[1])] = torch.tensor([0.5, -1.5, 2.5])[: shape[1]] * (
@@ -37,8 +37,13 @@ def test_the_kernel_gives_torchs_int8_bits(shape):
         summed = linear.int8_linear(x, ours, residual=residual)
         assert torch.equal(summed, linear.int8_linear(x, torchs, residual=residual))
     no_bias = linear.pack_int8(weight, None)
-    plain = no_bias._replace(panels=None)
+    plain = no_bias._replace(panels=None, values=_integers(weight, no_bias))
     assert torch.equal(linear.int8_linear(x, no_bias), linear.int8_linear(x, plain))
+
+
+def _integers(weight: torch.Tensor, packed: linear.Int8Weight) -> torch.Tensor:
+    """The int8 values pack_int8 quantized ``weight`` to (its scales per output channel)."""
+    return torch.round(weight / packed.scales[:, None]).to(torch.int8)
 
 
 @needs_kernel

@@ -169,15 +169,26 @@ def operands(
     return x, bias, residual
 
 
+# the rows made into panels at once (:func:`panels`)
+_PANEL_BLOCK_BYTES = 8 << 20
+
+
 def panels(weight: Tensor, group: int, panel: int = 32) -> Tensor:
     """``weight`` ``[out, in]`` laid out as our product kernels read it: ``[ceil(out / panel),
     ceil(in / group), panel, group]``, ``group`` consecutive inner positions of a channel side by
-    side (1 for float32, 2 for bfloat16 pairs, 4 for int8 quadruples), zeros past its end."""
+    side (1 for float32, 2 for bfloat16 pairs, 4 for int8 quadruples), zeros past its end. Made
+    a few panels at a time: no whole-size copy beside the result (a 1 GB output projection)."""
     out_features, in_features = weight.shape
     count, groups = -(-out_features // panel), -(-in_features // group)
-    padded = weight.new_zeros(count * panel, groups * group)
-    padded[:out_features, :in_features] = weight
-    return padded.view(count, panel, groups, group).permute(0, 2, 1, 3).contiguous()
+    laid_out = weight.new_zeros(count, groups, panel, group)
+    step = max(1, _PANEL_BLOCK_BYTES // max(1, panel * groups * group * weight.element_size()))
+    for first in range(0, count, step):
+        rows = weight[first * panel : (first + step) * panel]
+        block = -(-rows.size(0) // panel)
+        padded = weight.new_zeros(block * panel, groups * group)
+        padded[: rows.size(0), :in_features] = rows
+        laid_out[first : first + block] = padded.view(block, panel, groups, group).transpose(1, 2)
+    return laid_out
 
 
 @functools.cache

@@ -105,9 +105,10 @@ def int8_weight_levels() -> int:
 class Int8Weight(NamedTuple):
     """A weight for :func:`int8_linear`: int8 values (out x in), float32 scale per output
     channel (out), the float32 bias (or None), and the values packed for our int8 kernel where
-    this CPU runs it (beamplugin.kernels.int8_products)."""
+    this CPU runs it (beamplugin.kernels.int8_products); then the plain values are not kept
+    (None): only that kernel reads them."""
 
-    values: Tensor
+    values: Tensor | None
     scales: Tensor
     bias: Tensor | None
     panels: Int8Panels | None = None
@@ -118,8 +119,15 @@ def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
     :func:`int8_weight_levels`, values rounded to the nearest integer."""
     levels = int8_weight_levels()
     w = weight.detach().float()
-    scales = (w.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
-    values = torch.round(w / scales[:, None]).to(torch.int8)
+    scales = w.new_empty(w.size(0))
+    values = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    # a few MB of rows at a time: no float32 temporaries the size of a 1 GB output projection
+    step = max(1, (8 << 20) // (4 * max(1, w.size(1))))
+    for first in range(0, w.size(0), step):
+        rows = w[first : first + step]
+        scale = (rows.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
+        scales[first : first + step] = scale
+        values[first : first + step] = torch.round(rows / scale[:, None])
     bias = None if bias is None else bias.detach().float()
     int8 = Int8Weight(values, scales, bias)
     # torch's path only where it sums these weights exactly (then the same bits as ours)
@@ -127,7 +135,7 @@ def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
         not torchs_int8_is_exact(levels)
         or trials.ours_is_faster("int8_products", tuple(values.shape), lambda: _int8_trial(int8))
     ):
-        int8 = int8._replace(panels=int8_products.pack(values))
+        int8 = int8._replace(values=None, panels=int8_products.pack(values))
     return int8
 
 
@@ -152,14 +160,17 @@ def int8_linear(
     would tie every row to the largest activation of the step). Then ``relu``, or plus
     ``residual`` (``[rows, out]``). Where the weight has our kernel's panels and ``x`` is on the
     CPU, our kernel computes it, with the same roundings (the same bits)."""
-    if weight.panels is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+    if weight.panels is not None:
+        if x.device.type != "cpu" or x.dtype != torch.float32:
+            raise ValueError(f"int8 products take float32 inputs on the CPU, not {x.dtype} "
+                             f"on {x.device}")  # fmt: skip
         rows = x.reshape(-1, x.size(-1))
         other = None if residual is None else residual.reshape(rows.size(0), -1)
         smallest = int8_products.SMALLEST_SCALE
         out = int8_products.product(
             rows, weight.panels, weight.scales, weight.bias, smallest, other, relu
         )
-        return out.view(*x.shape[:-1], weight.values.size(0))
+        return out.view(*x.shape[:-1], weight.scales.size(0))
     rows = x.reshape(-1, x.size(-1))
     scale = rows.abs().amax(1, keepdim=True).div_(127).clamp_(min=int8_products.SMALLEST_SCALE)
     quantized = torch.div(rows, scale).round_().to(torch.int8)
@@ -172,7 +183,7 @@ def int8_linear(
         out.relu_()
     if residual is not None:
         out.add_(residual.reshape(out.shape))
-    return out.view(*x.shape[:-1], weight.values.size(0))
+    return out.view(*x.shape[:-1], weight.scales.size(0))
 
 
 PackedWeight = Panels | Tensor  # our kernels' panels, or oneDNN's layout
@@ -284,14 +295,15 @@ def _normed_as_kernels(x: Tensor, norm: nn.LayerNorm | None) -> Tensor:
 
 class PreparedLinear(NamedTuple):
     """A product's weight made ready once for inference (:func:`prepare_linear`): the plain
-    weight and bias, its :func:`pack_weight` whatever its size, or int8 values where int8
-    products are on for a weight this large. Inputs are 2-D, ``[rows, in]``.
+    weight (None where only our kernels multiply it: see ``keep_weight``) and bias, its
+    :func:`pack_weight` whatever its size, or int8 values where int8 products are on for a
+    weight this large. Inputs are 2-D, ``[rows, in]``.
 
     On the packed weight each row's result has the same bits whatever the number of rows
     (MKL's ``F.linear`` takes other kernels for 1 to 3 rows), so a sentence decodes the same
     alone or batched."""
 
-    weight: Tensor
+    weight: Tensor | None
     bias: Tensor | None
     packed: PackedWeight | None
     int8: Int8Weight | None
@@ -318,30 +330,45 @@ class PreparedLinear(NamedTuple):
             return _normed_as_kernels(int8_linear(x, self.int8, residual=other), norm)
         return _normed(self._unfused(x).add_(other), norm)
 
+    def on_our_kernels(self) -> bool:
+        """Whether our float32 or int8 kernel multiplies this weight (packed in its panels)."""
+        if self.int8 is not None:
+            return self.int8.panels is not None
+        return isinstance(self.packed, Panels) and self.packed.values.dtype == torch.float32
+
     def _on_packed(self, x: Tensor) -> bool:
         """Whether ``x`` (2-D) goes through the packed weight (no int8, same dtype, inference)."""
-        return (
-            self.packed is not None
-            and self.int8 is None
-            and x.dtype == self.weight.dtype
-            and not torch.is_grad_enabled()
-        )
+        if self.packed is None or self.int8 is not None or torch.is_grad_enabled():
+            return False
+        values = self.packed.values if isinstance(self.packed, Panels) else self.packed
+        return x.dtype == values.dtype
 
     def _unfused(self, x: Tensor) -> Tensor:
         if self.int8 is not None:
             return int8_linear(x, self.int8)
+        if self.weight is None:
+            raise ValueError("this product was prepared for our kernels' inference only, not for "
+                             f"{x.dtype} inputs or autograd")  # fmt: skip
         return F.linear(x, self.weight, self.bias)
 
 
-def prepare_linear(weight: Tensor, bias: Tensor | None, int8: bool = False) -> PreparedLinear:
+def prepare_linear(
+    weight: Tensor, bias: Tensor | None, int8: bool = False, keep_weight: bool = True
+) -> PreparedLinear:
     """``weight`` and ``bias`` (detached) ready for products without autograd; with ``int8``,
-    a weight of at least ``INT8_MIN_WEIGHTS`` elements is multiplied in int8."""
+    a weight of at least ``INT8_MIN_WEIGHTS`` elements is multiplied in int8. Without
+    ``keep_weight`` the plain weight is not kept where our kernels multiply it (a copy made for
+    them, as stacked projections are)."""
     weight = weight.detach()
     bias = None if bias is None else bias.detach()
     if int8 and weight.numel() >= INT8_MIN_WEIGHTS:
-        return PreparedLinear(weight, bias, None, pack_int8(weight, bias))
-    on_packed = weight.device.type == "cpu" and weight.dtype in packed_dtypes()
-    return PreparedLinear(weight, bias, pack_weight(weight) if on_packed else None, None)
+        prepared = PreparedLinear(weight, bias, None, pack_int8(weight, bias))
+    else:
+        on_packed = weight.device.type == "cpu" and weight.dtype in packed_dtypes()
+        prepared = PreparedLinear(weight, bias, pack_weight(weight) if on_packed else None, None)
+    if keep_weight or not prepared.on_our_kernels():
+        return prepared
+    return prepared._replace(weight=None)
 
 
 class InferenceCache(nn.Module):
