@@ -30,8 +30,8 @@ from fairseq.modules import LearnedPositionalEmbedding
 from torch import nn
 
 from beamplugin.kernels import float_attention, transformer_layers
-from beamplugin.kernels.float_products import Panels
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
+from beamplugin.runtime.file_pages import FileMappings, page_out
 
 
 class _Registrations:
@@ -107,14 +107,22 @@ class TransformerWeights:
 
     def _prepare(self, int8: bool) -> None:
         encoder, decoder = self.model.encoder, self.model.decoder
-        self.encoder_layers = [_prepare_layer(layer, int8) for layer in encoder.layers]
-        self.decoder_layers = [_prepare_layer(layer, int8) for layer in decoder.layers]
+        # each weight's pages go back to its mapped checkpoint as soon as its panels are made;
+        # the largest first (a 256k vocabulary's projection), while few panels are held
+        release = _Release(FileMappings())
+        projection = decoder.output_projection
+        # with shared embeddings, looking a token up reads its page back
+        self.output = release.of(prepare_linear(projection.weight, projection.bias, int8),
+                                 [projection])  # fmt: skip
+        self.encoder_layers = [release(_prepare_layer(layer, int8), layer) for layer in
+                               encoder.layers]  # fmt: skip
+        self.decoder_layers = [release(_prepare_layer(layer, int8), layer) for layer in
+                               decoder.layers]  # fmt: skip
         cross = [layer.encoder_attn for layer in decoder.layers]
         # the cross-attention's keys and values stay float32: int8 there cost best hypotheses
         # (docs/precision.md)
-        self.memory = _stacked([p for a in cross for p in (a.k_proj, a.v_proj)], False)
-        projection = decoder.output_projection
-        self.output = prepare_linear(projection.weight, projection.bias, int8)
+        kv = [p for a in cross for p in (a.k_proj, a.v_proj)]
+        self.memory = release.of(_stacked(kv, False), kv)
         self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers, self.output)
         self.encoder_in_kernel = _encoder_in_kernel(encoder, self.encoder_layers)
 
@@ -137,6 +145,38 @@ def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
     return weights._replace(
         cross_query=_stacked([cross.q_proj], int8, cross.scaling), cross_out=of(cross.out_proj)
     )
+
+
+class _Release:
+    """Hands the pages of weights our kernels carry back to the file they are mapped from
+    (beamplugin.runtime.file_pages); weights in memory no file backs are left as they are."""
+
+    def __init__(self, mappings: FileMappings) -> None:
+        self.mappings = mappings
+
+    def __call__(self, weights: LayerWeights, layer: nn.Module) -> LayerWeights:
+        own = layer.self_attn
+        carried = [
+            (weights.self_qkv, [own.q_proj, own.k_proj, own.v_proj]),
+            (weights.self_out, [own.out_proj]),
+            (weights.fc1, [layer.fc1]),
+            (weights.fc2, [layer.fc2]),
+        ]
+        if weights.cross_query is not None:
+            cross = layer.encoder_attn
+            carried += [(weights.cross_query, [cross.q_proj]),
+                        (weights.cross_out, [cross.out_proj])]  # fmt: skip
+        for prepared, modules in carried:
+            self.of(prepared, modules)
+        return weights
+
+    def of(self, prepared: PreparedLinear, modules: list[nn.Module]) -> PreparedLinear:
+        """``prepared``, the weights of ``modules`` (made into it) released if our kernels
+        carry it."""
+        if prepared.on_our_kernels():
+            for module in modules:
+                page_out(module.weight.detach(), self.mappings)
+        return prepared
 
 
 def _in_kernel(
@@ -194,7 +234,7 @@ def _layer_plan(layer: nn.Module, weights: LayerWeights) -> transformer_layers.L
     products = [weights.self_qkv, weights.self_out, weights.fc1, weights.fc2]
     if cross:
         products += [weights.cross_query, weights.cross_out]
-    if not all(_on_our_kernels(w) for w in products):
+    if not all(w.on_our_kernels() for w in products):
         return None
     affine = [(n.weight.detach(), n.bias.detach(), n.eps) for n in norms]
     if not cross:
@@ -228,7 +268,7 @@ def _ends(decoder: nn.Module, output: PreparedLinear) -> transformer_layers.Ends
     if norm is not None and (norm.weight is None or norm.bias is None):
         return None
     final = None if norm is None else (norm.weight.detach(), norm.bias.detach(), norm.eps)
-    if not _on_our_kernels(output):
+    if not output.on_our_kernels():
         return None
     out = _kernel_product(output)
     embedding, scale = tokens.weight.detach(), float(decoder.embed_scale)
@@ -247,12 +287,6 @@ def _kernel_product(
     return transformer_layers.Product(weight.packed, weight.bias, norm)
 
 
-def _on_our_kernels(weight: PreparedLinear) -> bool:
-    if weight.int8 is not None:
-        return weight.int8.panels is not None
-    return isinstance(weight.packed, Panels) and weight.packed.values.dtype == torch.float32
-
-
 def _stacked(projections: list[nn.Linear], int8: bool, scaling: float = 1.0) -> PreparedLinear:
     """One product for ``projections`` (their outputs side by side), the first one's weight and
     bias multiplied by ``scaling``."""
@@ -262,4 +296,4 @@ def _stacked(projections: list[nn.Linear], int8: bool, scaling: float = 1.0) -> 
     stacked_bias = None
     if any(b is not None for _, b in parts):
         stacked_bias = torch.cat([b if b is not None else w.new_zeros(w.size(0)) for w, b in parts])
-    return prepare_linear(torch.cat([w for w, _ in parts]), stacked_bias, int8)
+    return prepare_linear(torch.cat([w for w, _ in parts]), stacked_bias, int8, keep_weight=False)
