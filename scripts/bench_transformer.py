@@ -30,7 +30,9 @@ tokens/s counts the tokens of each system's best hypotheses, EOS included (each 
 step). A worker's load time runs from loading the checkpoint (its runtime's imports done) to
 ready to decode (for ``ours int8`` the weights cast, for every system its generator built),
 before the warm-up decode; its peak resident memory is Linux's VmHWM at the end (the model, the
-runtime and both decodes), the largest over rounds.
+runtime and both decodes), the largest over rounds. ``fairseq`` loads its checkpoint as fairseq
+does (read into memory and copied into the model), ours as our plugin does (mapped:
+beamplugin.fairseq_plugin.mapped_checkpoints).
 
 Every timing runs in a process of its own that loads only its system (CTranslate2's without
 torch), decodes once to warm up, then once timed: in one process the idle threads of one
@@ -333,6 +335,8 @@ def run_worker(path: str, data: str, name: str, job: Path) -> dict[str, Any]:
     command = [sys.executable, __file__, "--path", path, "--data", data,
                "--worker", name, "--job", str(job)]
     env = {**os.environ, "BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
+    if name == "fairseq":  # fairseq's own loading (a copy of the checkpoint), as without us
+        env = {**os.environ, "BEAMPLUGIN_MMAP": "0"}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-3000:]}")

@@ -54,7 +54,12 @@ def available() -> bool:
 def pack(values: Tensor) -> Int8Panels:
     """int8 ``values`` ``[out, in]`` laid out for :func:`product`."""
     laid = native_library.panels(values, GROUP, PANEL)
-    return Int8Panels(laid, values.sum(1, dtype=torch.int32), *values.shape)
+    sums = values.new_empty(values.size(0), dtype=torch.int32)
+    # summed a few MB of rows at a time: torch widens what it sums to int32 first
+    step = max(1, (8 << 20) // (4 * max(1, values.size(1))))
+    for first in range(0, values.size(0), step):
+        sums[first : first + step] = values[first : first + step].sum(1, dtype=torch.int32)
+    return Int8Panels(laid, sums, *values.shape)
 
 
 def product(

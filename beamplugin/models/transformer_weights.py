@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from fairseq.modules import LearnedPositionalEmbedding
-from torch import nn
+from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
@@ -112,8 +112,8 @@ class TransformerWeights:
         release = _Release(FileMappings())
         projection = decoder.output_projection
         # with shared embeddings, looking a token up reads its page back
-        self.output = release.of(prepare_linear(projection.weight, projection.bias, int8),
-                                 [projection])  # fmt: skip
+        output = prepare_linear(projection.weight, projection.bias, int8, read=release.rows)
+        self.output = release.of(output, [projection])
         self.encoder_layers = [release(_prepare_layer(layer, int8), layer) for layer in
                                encoder.layers]  # fmt: skip
         self.decoder_layers = [release(_prepare_layer(layer, int8), layer) for layer in
@@ -169,6 +169,11 @@ class _Release:
         for prepared, modules in carried:
             self.of(prepared, modules)
         return weights
+
+    def rows(self, weight: Tensor) -> None:
+        """Release rows of a weight as soon as they are quantized (a 1 GB projection's pages
+        are not all held at once)."""
+        page_out(weight, self.mappings)
 
     def of(self, prepared: PreparedLinear, modules: list[nn.Module]) -> PreparedLinear:
         """``prepared``, the weights of ``modules`` (made into it) released if our kernels

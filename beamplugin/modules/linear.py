@@ -114,9 +114,12 @@ class Int8Weight(NamedTuple):
     panels: Int8Panels | None = None
 
 
-def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
+def pack_int8(
+    weight: Tensor, bias: Tensor | None, read: Callable[[Tensor], object] | None = None
+) -> Int8Weight:
     """``weight`` quantized to int8 per output channel, symmetric: scale max |w| /
-    :func:`int8_weight_levels`, values rounded to the nearest integer."""
+    :func:`int8_weight_levels`, values rounded to the nearest integer. ``read``, if given, is
+    called with each block of ``weight``'s rows once quantized (to hand its pages back)."""
     levels = int8_weight_levels()
     w = weight.detach().float()
     scales = w.new_empty(w.size(0))
@@ -128,6 +131,8 @@ def pack_int8(weight: Tensor, bias: Tensor | None) -> Int8Weight:
         scale = (rows.abs().amax(1) / levels).clamp_(min=torch.finfo(torch.float32).tiny)
         scales[first : first + step] = scale
         values[first : first + step] = torch.round(rows / scale[:, None])
+        if read is not None:
+            read(rows)
     bias = None if bias is None else bias.detach().float()
     int8 = Int8Weight(values, scales, bias)
     # torch's path only where it sums these weights exactly (then the same bits as ours)
@@ -353,16 +358,20 @@ class PreparedLinear(NamedTuple):
 
 
 def prepare_linear(
-    weight: Tensor, bias: Tensor | None, int8: bool = False, keep_weight: bool = True
+    weight: Tensor,
+    bias: Tensor | None,
+    int8: bool = False,
+    keep_weight: bool = True,
+    read: Callable[[Tensor], object] | None = None,
 ) -> PreparedLinear:
     """``weight`` and ``bias`` (detached) ready for products without autograd; with ``int8``,
-    a weight of at least ``INT8_MIN_WEIGHTS`` elements is multiplied in int8. Without
-    ``keep_weight`` the plain weight is not kept where our kernels multiply it (a copy made for
-    them, as stacked projections are)."""
+    a weight of at least ``INT8_MIN_WEIGHTS`` elements is multiplied in int8 (``read`` as
+    :func:`pack_int8`'s). Without ``keep_weight`` the plain weight is not kept where our
+    kernels multiply it (a copy made for them, as stacked projections are)."""
     weight = weight.detach()
     bias = None if bias is None else bias.detach()
     if int8 and weight.numel() >= INT8_MIN_WEIGHTS:
-        prepared = PreparedLinear(weight, bias, None, pack_int8(weight, bias))
+        prepared = PreparedLinear(weight, bias, None, pack_int8(weight, bias, read))
     else:
         on_packed = weight.device.type == "cpu" and weight.dtype in packed_dtypes()
         prepared = PreparedLinear(weight, bias, pack_weight(weight) if on_packed else None, None)
