@@ -1,8 +1,6 @@
 """Checkpoints loaded to decode are mapped from their files (the weights are the file's pages),
 decode the same bits as a copied load, and hand back the pages our kernels do not read."""
 
-import mmap
-import struct
 import sys
 from pathlib import Path
 
@@ -13,10 +11,11 @@ from fairseq import checkpoint_utils
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.models.transformer_weights import TransformerWeights
-from beamplugin.runtime.file_pages import FileMappings, page_out
+from beamplugin.runtime.pages import FileMappings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench_model_sizes  # noqa: E402
+from test_pages import resident_pages  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,21 +38,6 @@ def load(checkpoint: tuple[Path, Path], monkeypatch, mapped: bool):
 def in_the_file(tensor: torch.Tensor) -> bool:
     start = tensor.data_ptr()
     return FileMappings().backs(start, start + tensor.numel() * tensor.element_size())
-
-
-def resident_pages(tensor: torch.Tensor) -> int:
-    """How many whole pages inside ``tensor``'s bytes this process has mapped in memory (the
-    present bit of Linux's /proc/self/pagemap; the page cache may still hold them)."""
-    page = mmap.PAGESIZE
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first, last = -(-start // page) * page, end // page * page
-    assert last > first, "the tensor spans no whole page"
-    pages = (last - first) // page
-    with open("/proc/self/pagemap", "rb") as pagemap:
-        pagemap.seek(first // page * 8)
-        entries = struct.unpack(f"{pages}Q", pagemap.read(pages * 8))
-    return sum(entry >> 63 for entry in entries)
 
 
 def test_a_load_to_decode_maps_the_weights_and_keeps_the_models_ties(checkpoint, monkeypatch):
@@ -104,19 +88,6 @@ def test_a_mapped_model_decodes_the_same_bits_and_hands_back_what_the_kernels_ca
         assert in_the_file(module.weight)
         if product.on_our_kernels():
             assert resident_pages(module.weight) == 0
-
-
-def test_a_page_the_process_wrote_to_is_never_lost(tmp_path):
-    path = tmp_path / "weights.pt"
-    torch.save({"w": torch.arange(64 * 1024, dtype=torch.float32)}, path)
-    weight = torch.load(path, mmap=True)["w"]
-    assert in_the_file(weight)
-    weight[5000] = -1.0  # copy on write: this page is the process's own now
-    assert page_out(weight, FileMappings()) > 0
-    expected = torch.arange(64 * 1024, dtype=torch.float32)
-    expected[5000] = -1.0
-    assert torch.equal(weight, expected)  # clean pages read back from the file, ours kept
-    assert page_out(torch.arange(64 * 1024, dtype=torch.float32), FileMappings()) == 0
 
 
 def test_a_float16_checkpoint_loads_as_fairseq_loads_it(checkpoint, monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ is mapped instead (``torch.load(mmap=True)``) and each float32 tensor becomes th
 parameter in place (``assign``): the initialised weights are freed, and the file's pages are
 read only where something reads them; the model is built without drawing random weights that
 the checkpoint's replace. Once our kernels carry a weight in their own layout, its
-pages are handed back (beamplugin.runtime.file_pages; beamplugin.models.transformer_weights).
+pages are handed back (beamplugin.runtime.pages; beamplugin.models.transformer_weights).
 Mapped files are checked as every checkpoint is (beamplugin.fairseq_plugin.checkpoint_safety).
 
 Parameters the model ties together (shared embeddings) stay one parameter. A checkpoint in
@@ -106,7 +106,7 @@ def tie_shared_parameters(model: nn.Module) -> int:
     tied = 0
     for module in model.modules():
         for name, parameter in list(module._parameters.items()):
-            if parameter is None:
+            if parameter is None or parameter.numel() == 0:  # empty ones share address 0
                 continue
             view = (parameter.data_ptr(), parameter.dtype, parameter.shape, parameter.stride())
             kept = first.setdefault(view, parameter)

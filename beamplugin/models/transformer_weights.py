@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
-from beamplugin.runtime.file_pages import FileMappings, page_out
+from beamplugin.runtime.pages import FileMappings, page_out
 
 
 class _Registrations:
@@ -149,7 +149,7 @@ def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
 
 class _Release:
     """Hands the pages of weights our kernels carry back to the file they are mapped from
-    (beamplugin.runtime.file_pages); weights in memory no file backs are left as they are."""
+    (beamplugin.runtime.pages); weights in memory no file backs are left as they are."""
 
     def __init__(self, mappings: FileMappings) -> None:
         self.mappings = mappings

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from beamplugin.runtime import pages
+
 
 class BufferPool:
     """Keeps up to ``keep`` buffers that no lease holds, the largest (a buffer serves any
@@ -67,11 +69,12 @@ class Lease:
 
     def take(self, shape: Sequence[int], like: Tensor, grows: Sequence[int] = ()) -> Tensor:
         """A buffer of ``shape``, or larger along the dimensions ``grows``, of ``like``'s dtype
-        and device. Its values are finite: zeros when new, else what its last borrower wrote
-        (borrowers write finite values only)."""
+        and device. Its values are finite: zeros when new (taking memory only where written:
+        beamplugin.runtime.pages.zeros), else what its last borrower wrote (borrowers write
+        finite values only, or give pages back as zeros)."""
         buffer = self._pool._take(shape, like, grows)
         if buffer is None:
-            buffer = like.new_zeros(shape)
+            buffer = pages.zeros(shape, like)
         self._held.append(buffer)
         return buffer
 
