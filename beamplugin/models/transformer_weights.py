@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.modules.linear import PreparedLinear, prepare_linear
+from beamplugin.runtime import heap
 from beamplugin.runtime.pages import FileMappings, page_out
 
 
@@ -114,17 +115,22 @@ class TransformerWeights:
         # with shared embeddings, looking a token up reads its page back
         output = prepare_linear(projection.weight, projection.bias, int8, read=release.rows)
         self.output = release.of(output, [projection])
-        self.encoder_layers = [release(_prepare_layer(layer, int8), layer) for layer in
-                               encoder.layers]  # fmt: skip
-        self.decoder_layers = [release(_prepare_layer(layer, int8), layer) for layer in
-                               decoder.layers]  # fmt: skip
+
+        def prepared(layer: nn.Module) -> LayerWeights:
+            weights = release(_prepare_layer(layer, int8), layer)
+            heap.give_back_free_memory()  # the copies and blocks the layouts were made through
+            return weights
+
         cross = [layer.encoder_attn for layer in decoder.layers]
         # the cross-attention's keys and values stay float32: int8 there cost best hypotheses
-        # (docs/precision.md)
+        # (docs/precision.md); stacked before the layers, while few panels are held
         kv = [p for a in cross for p in (a.k_proj, a.v_proj)]
         self.memory = release.of(_stacked(kv, False), kv)
+        self.encoder_layers = [prepared(layer) for layer in encoder.layers]
+        self.decoder_layers = [prepared(layer) for layer in decoder.layers]
         self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers, self.output)
         self.encoder_in_kernel = _encoder_in_kernel(encoder, self.encoder_layers)
+        heap.give_back_free_memory()
 
 
 def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:

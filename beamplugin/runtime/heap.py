@@ -27,16 +27,33 @@ USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNA
 
 
 @functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None  # not musl, not macOS
+
+
+def give_back_free_memory() -> bool:
+    """Return the heap's free pages to the kernel now (glibc's ``malloc_trim``): after a one-off
+    burst of allocations, such as a model's weights laid out for decoding (hundreds of MB freed
+    in holes that the trim threshold never reaches); False where the C library is not glibc."""
+    libc = _glibc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+@functools.cache
 def keep_freed_memory() -> bool:
     """Fix glibc's trim and mmap thresholds for this process, once; False where the C library
     is not glibc or the user set them."""
     if any(name in os.environ for name in USER_SETTINGS):
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    except OSError:
-        return False
-    if not hasattr(libc, "gnu_get_libc_version"):  # another C library (musl, macOS)
+    libc = _glibc()
+    if libc is None:
         return False
     done = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(
         M_TRIM_THRESHOLD, TRIM_THRESHOLD
