@@ -98,12 +98,11 @@ def _assigned_in_place(weights: dict[str, Any]) -> OrderedDict[str, Any]:
     return marked
 
 
-def tie_shared_parameters(model: nn.Module) -> int:
+def tie_shared_parameters(model: nn.Module) -> None:
     """Make parameters that are the same bytes (a tied embedding, each module given its own
-    parameter by an in-place load) one parameter again, as the model was built; returns how
-    many were tied. A cast or a move then converts the weight once."""
+    parameter by an in-place load) one parameter again, as the model was built: a cast or a
+    move then converts the weight once."""
     first: dict[tuple[Any, ...], nn.Parameter] = {}
-    tied = 0
     for module in model.modules():
         for name, parameter in list(module._parameters.items()):
             if parameter is None or parameter.numel() == 0:  # empty ones share address 0
@@ -112,8 +111,6 @@ def tie_shared_parameters(model: nn.Module) -> int:
             kept = first.setdefault(view, parameter)
             if kept is not parameter:
                 module._parameters[name] = kept
-                tied += 1
-    return tied
 
 
 class _UnwrittenRandomWeights(TorchFunctionMode):
