@@ -22,7 +22,7 @@ from torch import Tensor
 
 from beamplugin.modules.memory_pool import LANES, lane_width, least_width
 from beamplugin.runtime import pages
-from beamplugin.runtime.buffer_pool import BufferPool, Lease
+from beamplugin.runtime.buffer_pool import BufferPool
 
 State = dict[str, Any]  # a decoder's incremental state: the keys below are this module's
 
@@ -118,7 +118,9 @@ class SelfAttentionHistory:
             state["spare"] = old
         kept = steps - 1
         if old is None or sources is None or kept == 0:
-            self._release(lease, old if outgrown else None)
+            if outgrown:
+                pages.discard(old)
+                lease.give_back(old)
             return spare, start, None
         live = sources[:, sources.size(1) - kept :]
         if order is not None:
@@ -132,15 +134,9 @@ class SelfAttentionHistory:
             spare[index, :rows, :, start - kept : start] = moved.transpose(1, 2)
             if outgrown:
                 pages.discard(old[index])
-        self._release(lease, old if outgrown else None)
+        if outgrown:
+            lease.give_back(old)
         return spare, start, self._own_slots(rows, like.device).expand(rows, kept)
-
-    @staticmethod
-    def _release(lease: Lease, outgrown: Tensor | None) -> None:
-        """Give an outgrown buffer back to the pool, its pages given back (zeros again)."""
-        if outgrown is not None:
-            pages.discard(outgrown)
-            lease.give_back(outgrown)
 
     def _own_slots(self, rows: int, device: torch.device) -> Tensor:
         """``[rows, 1]``: each row's own slot, where this step writes its key and value."""
