@@ -63,6 +63,7 @@ setup(
         "console_scripts": [
             "beamplugin-serve = beamplugin.serving.cli:cli_main",
             "beamplugin-translate = beamplugin.corpus.cli:cli_main",
+            "beamplugin-vocabulary-map = beamplugin.fairseq_plugin.vocabulary_map_cli:cli_main",
         ]
     },
 )

@@ -390,3 +390,49 @@ def test_int8_with_a_model_too_small_for_it_is_refused_not_run_in_float32(traine
     assert out.returncode != 0
     assert "--int8: these models have no weight for int8" in out.stderr, out.stderr[-1500:]
     assert "H-" not in out.stdout
+
+
+def _map_rules(path: Path) -> dict[str, set[str]]:
+    rules: dict[str, set[str]] = {}
+    for line in path.read_text().splitlines():
+        key, targets = line.split("\t")
+        rules.setdefault(key, set()).update(targets.split())
+    return rules
+
+
+def test_generate_with_a_vocabulary_map_takes_each_sentences_shortlist_alone(trained, tmp_path):
+    """A map built by beamplugin-vocabulary-map from the training text: every hypothesis of
+    fairseq-generate keeps to its sentence's shortlist (which the unrestricted search leaves);
+    a strategy only fairseq's generator serves is refused with the map, not run without it."""
+    data, ckpt = trained
+    vmap = tmp_path / "map.txt"
+    made = run_tool(
+        "beamplugin-vocabulary-map", "--source", str(data.parent / "train.de"),
+        "--target", str(data.parent / "train.en"), "--output", str(vmap),
+        "--per-token", "2", "--frequent", "1",
+    )  # fmt: skip
+    assert "always" in made.stdout
+    rules = _map_rules(vmap)
+    common = ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--task",
+              "beam_translation", "--path", str(ckpt), "--beam", "4", "--cpu",
+              "--batch-size", "16", "--gen-subset", "test"]  # fmt: skip
+    sources = {}
+
+    def outside_shortlists(output: str) -> int:
+        for match in re.finditer(r"^S-(\d+)\t(.*)$", output, flags=re.M):
+            sources[int(match[1])] = match[2].split()
+        outside = 0
+        for i, (_, text) in _hypotheses(output).items():
+            shortlist = rules[""] | {"<unk>"}
+            shortlist |= {t for word in sources[i] for t in rules.get(word, ())}
+            outside += not set(text.split()) <= shortlist
+        return outside
+
+    restricted = run_tool(*common, "--vocabulary-map", str(vmap))
+    assert sorted(_hypotheses(restricted.stdout)) == list(range(N_TEST))
+    assert outside_shortlists(restricted.stdout) == 0
+    assert outside_shortlists(run_tool(*common).stdout) > 0
+    refused = run_tool(*common, "--vocabulary-map", str(vmap), "--sampling", "--nbest", "4",
+                       check=False)
+    assert refused.returncode != 0
+    assert "--vocabulary-map needs beamplugin's generator" in refused.stderr

@@ -26,6 +26,7 @@ from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
 from beamplugin.models.mixed_step_transformer import mixed_step_view
+from beamplugin.modules.output_columns import OutputColumns
 from beamplugin.runtime.host_transfer import to_device
 
 
@@ -198,23 +199,29 @@ class EnsembleDecoder(nn.Module):
         states: list[dict],
         temperature: float,
         attention: bool = True,
+        columns: OutputColumns | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[rows, vocab]`` (float32) of the next token and attention
-        ``[rows, src]`` (None without ``attention``, or where the models give none)."""
+        ``[rows, src]`` (None without ``attention``, or where the models give none). With
+        ``columns``, each row's over the tokens it may take (-inf elsewhere): decoders that
+        compute only those (``computes_output_columns``) are handed them, the others' logits
+        are restricted after."""
         lprobs, attns = [], []
         for model, encoder_out, state in zip(self.models, encoder_outs, states, strict=True):
             # forward itself, as fairseq's generator calls it (no module hooks: a few us a step)
             decoder = model.decoder.forward
+            restrict = columns
             if self.mixes_steps:
-                out = decoder(
-                    tokens, encoder_out=encoder_out, incremental_state=state, need_attn=attention
-                )
+                kwargs = {"need_attn": attention}
+                if columns is not None and getattr(model.decoder, "computes_output_columns", False):
+                    kwargs["output_columns"], restrict = columns, None
+                out = decoder(tokens, encoder_out=encoder_out, incremental_state=state, **kwargs)
             elif self.incremental:
                 out = decoder(tokens, encoder_out=encoder_out, incremental_state=state)
             else:
                 out = decoder(tokens, encoder_out=encoder_out)
             extra = out[1] if len(out) > 1 else None
-            lprobs.append(search_log_probs(model, out[0], extra, temperature))
+            lprobs.append(search_log_probs(model, out[0], extra, temperature, restrict))
             attn = _last_step_attention(extra) if attention else None
             if attn is not None:
                 attns.append(attn.float())
@@ -249,14 +256,23 @@ def _mixing_views(models: list[nn.Module]) -> tuple[list[nn.Module], str | None]
     return views, None
 
 
-def search_log_probs(model: nn.Module, logits: Tensor, extra: Any, temperature: float) -> Tensor:
+def search_log_probs(
+    model: nn.Module,
+    logits: Tensor,
+    extra: Any,
+    temperature: float,
+    columns: OutputColumns | None = None,
+) -> Tensor:
     """The log-probs ``[rows, vocab]`` of the next token that the search reads: float32 whatever
     precision the model computes in, its last step's logits widened before the temperature and
     the model's log-softmax, so the search's scores, length normalisation and stop tests are
-    float32 (see beamplugin.fairseq_plugin.precision)."""
+    float32 (see beamplugin.fairseq_plugin.precision); with ``columns``, -inf at every token a
+    row may not take, before the log-softmax."""
     if logits.size(1) > 1:
         logits = logits[:, -1:, :]
     logits = logits.float()
+    if columns is not None:
+        logits = columns.restrict(logits)
     if temperature != 1.0:
         logits = logits / temperature
     lprobs = model.get_normalized_probs((logits, extra), log_probs=True, sample=None)

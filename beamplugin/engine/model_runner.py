@@ -134,8 +134,9 @@ class ModelRunner:
         ``[rows, src]`` (or None)."""
         options = self.options
         lprobs, attn = self.model.decode_step(
-            self.tokens, slots.memory_views(), self.states, options.temperature, options.attention
-        )
+            self.tokens, slots.memory_views(), self.states, options.temperature,
+            options.attention, slots.output_columns(),
+        )  # fmt: skip
         if self.cumulative is None:  # the first step of a new batch
             self.scores = lprobs.new_zeros(len(slots.live) - slots.one_row, 1)
             self.cumulative = lprobs.new_empty(lprobs.size(0), 0)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from beamplugin.engine.ensemble import EncoderMemory, EnsembleDecoder
 from beamplugin.engine.scheduler import Waiting
+from beamplugin.modules.output_columns import OutputColumns, shortlist_columns
 from beamplugin.runtime.host_transfer import to_device, to_host
 from beamplugin.search.log_prob_rules import StepView
 from beamplugin.search.nbest import NBest
@@ -42,6 +43,7 @@ class Sentence:
     prefix_end: int  # step at which its prefix forces EOS, -1 if none does
     nbest: NBest
     bos: int | None = None  # its request's first token (None: the engine's)
+    shortlist: Tensor | None = None  # the tokens it may take, ascending (None: any)
     step: int = 0  # output tokens it has
     block: int = 0  # its width block among the sentences with beam rows
     cancelled: bool = False  # leaves at the end of the next step, with no result
@@ -68,6 +70,7 @@ class Slots:
         self._layouts: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
         self._steps_on_device: Tensor | None = None
         self._memory_views: list[Any] | None = None  # while no sentence comes, goes or widens
+        self._columns: OutputColumns | None = None  # per sentence, while no sentence comes or goes
 
     # ---- allocate and free ---------------------------------------------------------------
 
@@ -93,6 +96,7 @@ class Slots:
                     e if h else -1
                     for e, h in zip(first_end.tolist(), has_end.tolist(), strict=True)
                 ]
+            shortlists = self._shortlists(tokens, prefix)
             sentences.extend(
                 Sentence(
                     key=key,
@@ -103,6 +107,7 @@ class Slots:
                     prefix_end=prefix_ends[row],
                     nbest=NBest(self.beam, evict_worst=options.stopping == "exact"),
                     bos=request.bos,
+                    shortlist=shortlists[row],
                 )
                 for row, key in enumerate(request.keys)
             )
@@ -119,10 +124,22 @@ class Slots:
             slot += rows.stop - rows.start
         self._add_per_sentence(first, torch.cat(src_lengths), prefixes)
         self.live.extend(sentences)
-        self._memory_views = None
+        self._memory_views = self._columns = None
         self.fresh += len(sentences)
         self.tokens_in_flight += sum(self.beam * s.width for s in sentences)
         return sentences
+
+    def _shortlists(self, src_tokens: Tensor, prefix: Tensor) -> list[Tensor | None]:
+        """Per row of a request's ``src_tokens`` and forced ``prefix``, the tokens that sentence
+        may take (None: any)."""
+        vocabulary_map, pad = self.options.shortlist, self.options.pad
+        if vocabulary_map is None:
+            return [None] * src_tokens.size(0)
+        sources, forced = to_host(src_tokens, prefix)
+        return [
+            vocabulary_map.shortlist(source[source.ne(pad)].tolist(), own[own.ne(pad)].tolist())
+            for source, own in zip(sources, forced, strict=True)
+        ]
 
     def _add_per_sentence(self, first: int, src_lengths: Tensor, prefixes: list[Tensor]) -> None:
         """The new sentences' rows of the per-sentence device tensors."""
@@ -156,7 +173,7 @@ class Slots:
             order = arrangement(blocks)
         order_dev = None
         if order != kept:
-            self._memory_views = None
+            self._memory_views = self._columns = None
             self.live = [self.live[old] for old in order]
             self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
             if self.live:
@@ -198,6 +215,15 @@ class Slots:
             groups = self.attention_groups()
             self._memory_views = [memory.view(groups) for memory in self.memories]
         return self._memory_views
+
+    def output_columns(self) -> OutputColumns | None:
+        """The vocabulary columns each row may take this step (None: every one)."""
+        if self.options.shortlist is None:
+            return None
+        if self._columns is None:
+            shortlists = [s.shortlist for s in self.live]
+            self._columns = shortlist_columns(shortlists, self.device)
+        return self._columns.for_rows(self.row_sentences())
 
     def rows_of(self, sentences: list[int]) -> Tensor | None:
         """The decoder rows of live sentences ``sentences`` (None: all of them)."""

@@ -7,7 +7,7 @@ fairseq-interactive's lines refused one by one. ``beam_translation`` puts it on 
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from fairseq.data import FairseqDataset
@@ -24,6 +24,7 @@ from beamplugin.fairseq_plugin.interactive_input import (
 )
 from beamplugin.fairseq_plugin.line_input import LineEncoder, max_source_positions
 from beamplugin.fairseq_plugin.precision import cast_for_decoding, requested_precision
+from beamplugin.search.vocabulary_map import VocabularyMap
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,16 @@ class BeamSearchConfig(FairseqDataclass):
         metadata={
             "help": "length normalisation: 'fairseq' divides by len**lenpen, 'gnmt' by "
             "((5 + len) / 6)**lenpen (Wu et al. 2016)"
+        },
+    )
+    vocabulary_map: Optional[str] = field(  # noqa: UP045 (fairseq reads typing.Optional only)
+        default=None,
+        metadata={
+            "help": "a vocabulary map (CTranslate2's format: '<source n-gram>\\t<target "
+            "tokens>' a line): each sentence may take only the target tokens its source's "
+            "n-grams list (and those of lines with no n-gram), probabilities normalised over "
+            "them; the output projection multiplies those columns alone. Changes results: "
+            "docs/fairseq.md"
         },
     )
     int8: bool = field(
@@ -198,7 +209,11 @@ class BeamSearchTask:
             dtype = cast_for_decoding([*models, lm_model], precision)
             logger.info("decoding in %s (models in %s), the search in float32", precision, dtype)
         other = _needs_fairseq_generator(args, prefix_allowed_tokens_fn)
+        shortlist = self._vocabulary_map()
         if seq_gen_cls is not None or getattr(args, "score_reference", False) or other:
+            if shortlist is not None:
+                raise ValueError(f"--vocabulary-map needs beamplugin's generator, and "
+                                 f"{other or 'this run'} is served by fairseq's")  # fmt: skip
             if other:
                 logger.info("%s is served by fairseq's own SequenceGenerator", other)
             # FairseqTask's, by name: translation_multi_simple_epoch's own ignores seq_gen_cls
@@ -215,10 +230,20 @@ class BeamSearchTask:
             # fairseq-generate and -interactive read a hypothesis' attention only to print
             # its alignment
             attention=bool(getattr(args, "print_alignment", None)),
+            shortlist=shortlist,
         )
         return FairseqTask.build_generator(
             self, models, args, seq_gen_cls=SequenceGenerator, extra_gen_cls_kwargs=kwargs
         )
+
+    def _vocabulary_map(self) -> VocabularyMap | None:
+        """The task's ``--vocabulary-map``, read with its dictionaries (None: none given)."""
+        path = getattr(self.beam_options, "vocabulary_map", None)
+        if not path:
+            return None
+        target = self.target_dictionary
+        special = [target.bos(), target.pad(), target.eos(), target.unk()]
+        return VocabularyMap.read(path, self.source_dictionary.indices, target.indices, special)
 
     def max_line_tokens(self, models: list[Any]) -> int | None:
         """The most tokens (end of sentence included) of an input line's source."""

@@ -29,6 +29,7 @@ from beamplugin.engine import DecodingEngine, Request
 from beamplugin.engine.ensemble import EnsembleDecoder
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.search.options import DecodingOptions, LengthConstraints
+from beamplugin.search.vocabulary_map import VocabularyMap
 from beamplugin.streams import IteratorSource, run
 
 
@@ -62,8 +63,9 @@ class SequenceGenerator(nn.Module):
     Arguments are fairseq's (see ``fairseq.sequence_generator.SequenceGenerator``) plus
     ``stopping``, ``length_penalty_style``, ``print_alignment`` (``"hard"`` or ``"soft"``: like
     fairseq's ``SequenceGeneratorWithAlignment``), ``nbest`` (hypotheses returned per sentence,
-    default ``beam_size``) and ``attention`` (False: hypotheses without their attention, as
-    fairseq-generate needs them without ``--print-alignment``): see
+    default ``beam_size``), ``attention`` (False: hypotheses without their attention, as
+    fairseq-generate needs them without ``--print-alignment``) and ``shortlist`` (a
+    :class:`~beamplugin.search.vocabulary_map.VocabularyMap`): see
     :class:`~beamplugin.search.options.DecodingOptions`, which they become (``self.options``),
     validated once.
     """
@@ -94,6 +96,7 @@ class SequenceGenerator(nn.Module):
         print_alignment: str | None = None,
         nbest: int | None = None,
         attention: bool = True,
+        shortlist: VocabularyMap | None = None,
     ) -> None:
         super().__init__()
         if nbest is not None and not 1 <= nbest <= beam_size:
@@ -128,6 +131,7 @@ class SequenceGenerator(nn.Module):
             stopping=stopping,
             print_alignment=print_alignment or None,
             attention=attention,
+            shortlist=shortlist,
         )
         # fairseq's generator attributes, read by fairseq-generate and -interactive
         self.beam_size = self.options.beam_size

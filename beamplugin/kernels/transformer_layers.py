@@ -244,6 +244,7 @@ class DecoderStep:
                for t in tables):  # fmt: skip
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = _layer_table(layers, int8_kernel)
+        self.output = _product(ends.output, int8_kernel)
         self._turn = threading.Lock()
         self._scratch = torch.empty(0)  # the step's scratch, laid out for _scratch_rows
         self._scratch_rows: tuple[int, int] | None = None
@@ -253,7 +254,7 @@ class DecoderStep:
             token_stride=0, pad=ends.pad, vocab=ends.embedding.size(0),
             positions=ends.positions.size(0), embedding=ends.embedding.data_ptr(),
             position_table=ends.positions.data_ptr(), embed_scale=ends.scale,
-            final_norm=_norm(ends.final_norm), output=_product(ends.output, int8_kernel),
+            final_norm=_norm(ends.final_norm), output=self.output,
             products=addresses[0], int8_products=addresses[1],
             smallest=int8_products.SMALLEST_SCALE, norm=addresses[2],
             self_attention=addresses[3], cross_attention=addresses[4], layers=len(layers),
@@ -271,8 +272,10 @@ class DecoderStep:
         sources: Tensor,
         groups: Groups,
         alignment_layer: int | None,
+        output: Product | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """The logits ``[rows, vocab]`` of the next token after ``tokens`` ``[rows, steps]``
+        """The logits ``[rows, vocab]`` (``output``'s columns instead of the ends', if given:
+        a shortlist's) of the next token after ``tokens`` ``[rows, steps]``
         (int64, right-aligned, pad before a row's own), given the rows' histories ``windows``
         ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s column ``j`` in slot
         ``sources[r, j]``; its last column written here, in slot ``r``) and the ``groups``'
@@ -283,9 +286,12 @@ class DecoderStep:
         self._check(tokens, windows, sources)
         if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        logits = windows.new_empty((rows, self.vocab))
+        projection = self.output if output is None else _product(output, self.kernels[1][1])
+        width = self.vocab if output is None else output.panels.out_features
+        logits = windows.new_empty((rows, width))
         attn = None if alignment_layer is None else windows.new_empty((rows, groups.widest))
         with self._turn:
+            self.step.output = projection
             self._run(logits, attn, tokens, windows, sources, groups, alignment_layer)
         return logits, attn
 

@@ -41,6 +41,7 @@ from beamplugin.modules import (
     parse_layer_spec,
 )
 from beamplugin.modules.convolution import IncrementalState
+from beamplugin.modules.output_columns import OutputColumns
 
 SQRT_HALF = math.sqrt(0.5)
 # Version 2 of fconv's decoder normalises conv weights per output channel (dim 2); version 1
@@ -189,6 +190,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     # (reorder_incremental_state's fresh_rows), and the encoder memory is pooled per sentence
     # (ConvS2SEncoder.memory_pool). See beamplugin.engine.ensemble.
     decodes_mixed_steps = True
+    # With ``output_columns`` (a shortlist per row), fc3 multiplies those columns alone and the
+    # logits are of the last step only: see beamplugin.modules.output_columns.
+    computes_output_columns = True
 
     def __init__(
         self,
@@ -238,6 +242,7 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         encoder_out: dict[str, Any] | None = None,
         incremental_state: IncrementalState | None = None,
         need_attn: bool = True,
+        output_columns: OutputColumns | None = None,
         **unused: Any,
     ) -> tuple[Tensor, Tensor | None]:
         if encoder_out is None:
@@ -281,9 +286,16 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             if residual is not None:
                 x = (x + residual) * SQRT_HALF
             residuals.append(x)
-        x = self.fc2(swap(x))
-        x = self.fc3(self.dropout_module(x))
-        return x, avg_attn
+        x = self.dropout_module(self.fc2(swap(x)))
+        if output_columns is not None:
+            return self._output_columns(x[:, -1], output_columns).unsqueeze(1), avg_attn
+        return self.fc3(x), avg_attn
+
+    def _output_columns(self, x: Tensor, output_columns: OutputColumns) -> Tensor:
+        """The logits ``[rows, vocab]`` of ``output_columns`` alone (the rest -inf)."""
+        fc3, columns = self.fc3, output_columns.columns
+        logits = fc3.columns_product(x, fc3.weight, fc3.bias, columns)
+        return output_columns.widen(logits, fc3.out_features)
 
     def reorder_incremental_state(
         self, incremental_state: IncrementalState, new_order: Tensor, fresh_rows: int = 0

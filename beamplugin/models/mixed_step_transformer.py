@@ -32,6 +32,7 @@ from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width, least_width
+from beamplugin.modules.output_columns import OutputColumns
 from beamplugin.modules.self_attention_history import SelfAttentionHistory, Window
 
 Memory = dict[str, Tensor | None]
@@ -207,6 +208,7 @@ class MixedStepTransformerDecoder(nn.Module):
 
     decodes_mixed_steps = True
     reads_encoder_out_per_sentence = True
+    computes_output_columns = True  # a shortlist's columns alone: see forward
 
     def __init__(self, decoder: nn.Module, weights: TransformerWeights) -> None:
         super().__init__()
@@ -228,18 +230,26 @@ class MixedStepTransformerDecoder(nn.Module):
         encoder_out: dict[str, Any],
         incremental_state: dict[str, Any],
         need_attn: bool = True,
+        output_columns: OutputColumns | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         """The next token's logits ``[rows, 1, vocab]`` of every row of ``prev_output_tokens``
         (``[rows, steps + 1]``, right-aligned, pad before a row's own tokens), and with
         ``need_attn`` the last layer's cross-attention averaged over heads (``{"attn": [[rows,
-        1, src]]}``; else ``[None]``)."""
+        1, src]]}``; else ``[None]``). With ``output_columns``, only those columns are
+        multiplied, the rest -inf."""
         d, weights = self.decoder, self.weights
         tokens = prev_output_tokens
         rows, steps = tokens.shape
+        output, output_in_kernel = weights.output, None
+        if output_columns is not None:
+            output, output_in_kernel = weights.output_columns(output_columns.columns)
         in_kernel = weights.decoder_in_kernel
         if in_kernel is not None and tokens.is_cpu and not torch.is_grad_enabled():
             history = self.history.advance(incremental_state, rows, steps, weights.output.weight)
-            logits, attn = self._step_in_kernel(in_kernel, tokens, history, encoder_out, need_attn)
+            logits, attn = self._step_in_kernel(
+                in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel
+            )
+            logits = self._widened(logits, output_columns)
             return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
@@ -256,8 +266,13 @@ class MixedStepTransformerDecoder(nn.Module):
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
             x = d.project_out_dim(x)
-        logits = weights.output(x)
+        logits = self._widened(output(x), output_columns)
         return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
+
+    def _widened(self, logits: Tensor, output_columns: OutputColumns | None) -> Tensor:
+        if output_columns is None:
+            return logits
+        return output_columns.widen(logits, len(self.decoder.dictionary))
 
     def _step_in_kernel(
         self,
@@ -266,10 +281,11 @@ class MixedStepTransformerDecoder(nn.Module):
         history: Window,
         encoder_out: dict[str, Any],
         need_attn: bool,
+        output: transformer_layers.Product | None,
     ) -> tuple[Tensor, Tensor | None]:
         """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
-        ``[rows, vocab]`` and, if ``need_attn``, the alignment layer's cross-attention averaged
-        over heads ``[rows, 1, src]``."""
+        ``[rows, vocab]`` (of ``output``'s columns, if given) and, if ``need_attn``, the
+        alignment layer's cross-attention averaged over heads ``[rows, 1, src]``."""
         views = encoder_out["attention_groups"]  # the same list while no sentence comes or goes
         cached = self._kernel_groups  # (read once: another thread's engine may replace it)
         if cached is None or cached[0] is not views:
@@ -284,7 +300,7 @@ class MixedStepTransformerDecoder(nn.Module):
             cached = self._kernel_groups = views, in_kernel.groups(groups)
         alignment_layer = self.alignment_layer if need_attn else None
         logits, attn = in_kernel(
-            tokens, history.keys_values, history.sources, cached[1], alignment_layer
+            tokens, history.keys_values, history.sources, cached[1], alignment_layer, output
         )
         return logits, None if attn is None else attn.unsqueeze(1)
 

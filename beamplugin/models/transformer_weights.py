@@ -30,7 +30,7 @@ from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
-from beamplugin.modules.linear import PreparedLinear, prepare_linear
+from beamplugin.modules.linear import PreparedLinear, columns_of, prepare_linear
 from beamplugin.runtime import heap
 from beamplugin.runtime.pages import FileMappings, page_out
 
@@ -71,6 +71,8 @@ class TransformerWeights:
         self.decoder_layers: list[LayerWeights] = []
         self.memory: PreparedLinear | None = None  # every decoder layer's cross keys, values
         self.output: PreparedLinear | None = None
+        # the output projection of a shortlist's columns: (columns, product, its kernel form)
+        self._columns: tuple[Tensor, PreparedLinear, Any] | None = None
         # the decoder's step and the encoder's layers as one call of our kernels, where they can
         self.decoder_in_kernel: transformer_layers.DecoderStep | None = None
         self.encoder_in_kernel: transformer_layers.EncoderLayers | None = None
@@ -115,6 +117,7 @@ class TransformerWeights:
         # with shared embeddings, looking a token up reads its page back
         output = prepare_linear(projection.weight, projection.bias, int8, read=release.rows)
         self.output = release.of(output, [projection])
+        self._columns = None
 
         def prepared(layer: nn.Module) -> LayerWeights:
             weights = release(_prepare_layer(layer, int8), layer)
@@ -131,6 +134,21 @@ class TransformerWeights:
         self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers, self.output)
         self.encoder_in_kernel = _encoder_in_kernel(encoder, self.encoder_layers)
         heap.give_back_free_memory()
+
+
+    def output_columns(
+        self, columns: Tensor
+    ) -> tuple[PreparedLinear, transformer_layers.Product | None]:
+        """The output projection of token ``columns`` alone (:func:`columns_of`: the bits of the
+        whole projection), and its form for the step in one call (None where that call does
+        not run); made again only when ``columns`` is another tensor."""
+        kept = self._columns
+        if kept is None or kept[0] is not columns:
+            weight = self.model.decoder.output_projection.weight
+            product = columns_of(self.output, weight, columns)
+            in_kernel = _kernel_product(product) if self.decoder_in_kernel is not None else None
+            kept = self._columns = (columns, product, in_kernel)
+        return kept[1], kept[2]
 
 
 def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:

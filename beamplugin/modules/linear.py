@@ -117,6 +117,22 @@ class Int8Weight(NamedTuple):
 def pack_int8(
     weight: Tensor, bias: Tensor | None, read: Callable[[Tensor], object] | None = None
 ) -> Int8Weight:
+    """``weight`` quantized to int8 per output channel (:func:`quantize_int8`), packed for our
+    int8 kernel where it multiplies this shape."""
+    int8 = quantize_int8(weight, bias, read)
+    # torch's path only where it sums these weights exactly (then the same bits as ours)
+    if int8_products.available() and (
+        not torchs_int8_is_exact(int8_weight_levels())
+        or trials.ours_is_faster("int8_products", tuple(int8.values.shape),
+                                 lambda: _int8_trial(int8))  # fmt: skip
+    ):
+        int8 = int8._replace(values=None, panels=int8_products.pack(int8.values))
+    return int8
+
+
+def quantize_int8(
+    weight: Tensor, bias: Tensor | None, read: Callable[[Tensor], object] | None = None
+) -> Int8Weight:
     """``weight`` quantized to int8 per output channel, symmetric: scale max |w| /
     :func:`int8_weight_levels`, values rounded to the nearest integer. ``read``, if given, is
     called with each block of ``weight``'s rows once quantized (to hand its pages back)."""
@@ -134,14 +150,7 @@ def pack_int8(
         if read is not None:
             read(rows)
     bias = None if bias is None else bias.detach().float()
-    int8 = Int8Weight(values, scales, bias)
-    # torch's path only where it sums these weights exactly (then the same bits as ours)
-    if int8_products.available() and (
-        not torchs_int8_is_exact(levels)
-        or trials.ours_is_faster("int8_products", tuple(values.shape), lambda: _int8_trial(int8))
-    ):
-        int8 = int8._replace(values=None, panels=int8_products.pack(values))
-    return int8
+    return Int8Weight(values, scales, bias)
 
 
 def _int8_trial(torchs: Int8Weight) -> Trial:
@@ -380,6 +389,26 @@ def prepare_linear(
     return prepared._replace(weight=None)
 
 
+def columns_of(prepared: PreparedLinear, weight: Tensor, columns: Tensor) -> PreparedLinear:
+    """The product of output channels ``columns`` alone (rows of ``weight``, the plain weight
+    ``prepared`` was made from), on the kind of kernel ``prepared`` takes: each channel gets the
+    bits it gets in the whole product (int8 scales are per channel; a float32 channel's sum runs
+    in the same order in any panel)."""
+    rows = weight.detach().index_select(0, columns)
+    bias = None if prepared.bias is None else prepared.bias.index_select(0, columns)
+    if prepared.int8 is not None:
+        int8 = quantize_int8(rows, bias)
+        if prepared.int8.panels is not None:
+            int8 = int8._replace(values=None, panels=int8_products.pack(int8.values))
+        return PreparedLinear(None, bias, None, int8)
+    packed = prepared.packed
+    if isinstance(packed, Panels):
+        packed = float_products.pack(rows.to(packed.values.dtype))
+    elif packed is not None:
+        packed = _torchs_layout(rows)
+    return PreparedLinear(rows, bias, packed, None)
+
+
 class InferenceCache(nn.Module):
     """Keeps tensors derived from a module's parameters for inference (a folded, re-laid-out or
     packed weight) while those parameters are unchanged.
@@ -429,6 +458,25 @@ class InferenceCache(nn.Module):
         return linear(
             x, weight, bias, lambda: self.cached(f"{name} packed", lambda: pack_weight(weight))
         )
+
+    def columns_product(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, columns: Tensor, name: str = "weight"
+    ) -> Tensor:
+        """:meth:`product`'s output channels ``columns`` alone, on the kernel it takes (the same
+        bits per channel: :func:`columns_of`), made again only when ``columns`` is another
+        tensor."""
+        if self.multiplies_in_int8(weight):
+            int8 = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
+            whole = PreparedLinear(weight, bias, None, int8)
+        elif uses_packed_products(x, weight):
+            packed = self.cached(f"{name} packed", lambda: pack_weight(weight))
+            whole = PreparedLinear(weight, bias, packed, None)
+        else:
+            return F.linear(x, weight[columns], None if bias is None else bias[columns])
+        kept = self.cached(f"{name} columns", dict)
+        if kept.get("columns") is not columns:
+            kept.update(columns=columns, product=columns_of(whole, weight, columns))
+        return kept["product"](x)
 
     def train(self, mode: bool = True) -> InferenceCache:
         self._cache, self._cache_key = {}, None  # training may change parameters behind our back

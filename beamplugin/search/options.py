@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from beamplugin.search.vocabulary_map import VocabularyMap
+
 STOPPING_RULES = ("fairseq", "exact")
 LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 ALIGNMENT_KINDS = (None, "hard", "soft")
@@ -26,7 +28,9 @@ class DecodingOptions:
     EOS). ``print_alignment``: ``"hard"`` or ``"soft"`` fills each hypothesis' alignment.
     ``attention``: each hypothesis keeps its attention over the source, as from fairseq's
     generator (fairseq-generate and -interactive read it only to print alignments); without it
-    a search keeps no attention history.
+    a search keeps no attention history. ``shortlist``: each sentence may take only the tokens
+    its source brings in through this map, its probabilities normalised over them (None: the
+    whole vocabulary).
     """
 
     eos: int
@@ -50,6 +54,7 @@ class DecodingOptions:
     stopping: str = "fairseq"
     print_alignment: str | None = None
     attention: bool = True
+    shortlist: VocabularyMap | None = None
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
