@@ -29,6 +29,7 @@ nllb-600m is 615M parameters: 2.5 GB of float32 on disk, and as much in memory f
     python scripts/bench_model_sizes.py --batch-sizes 1 64 --threads 1 2
     python scripts/bench_model_sizes.py --scale tiny --batch-sizes 1 4 --threads 1 \\
         --repeats 1 --sentences 8
+    python scripts/bench_model_sizes.py --models nllb-600m --shortlist 50 --batch-sizes 1 16
 """
 
 from __future__ import annotations
@@ -170,7 +171,27 @@ def parse_args() -> argparse.Namespace:
                         default=Path.home() / ".cache" / "beamplugin" / "bench-models")
     test_set_options(parser)
     timing_options(parser, max_len_b=40)
+    parser.add_argument("--shortlist", type=int, default=0, metavar="K",
+                        help="time shortlists too (the vmap systems): a map in which every "
+                        "source word lists K target words (seeded at random) and every "
+                        f"sentence may take the first {ALWAYS_LISTED} words")
     return parser.parse_args()
+
+
+ALWAYS_LISTED = 500  # beamplugin-vocabulary-map's default --frequent
+
+
+def write_vocabulary_map(path: Path, words: int, per_word: int) -> Path:
+    """A map of ``words`` words (ids 4 on: fairseq's special symbols first) in which each lists
+    ``per_word`` target words drawn at random, and every sentence may take the first
+    ALWAYS_LISTED: random models have no word alignment, a map of real sizes is what is timed."""
+    rng = random.Random(SEED)
+    names = [f"w{index}" for index in range(words - 4)]
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(f"\t{' '.join(names[:ALWAYS_LISTED])}\n")
+        for name in names:
+            out.write(f"{name}\t{' '.join(rng.sample(names, per_word))}\n")
+    return path
 
 
 def main() -> None:
@@ -178,6 +199,12 @@ def main() -> None:
     for name in args.models:
         checkpoint, data = build(name, args.scale, args.cache_dir)
         print(f"\n# {name} ({args.scale}): {shape(name, args.scale)}")
+        if args.shortlist:
+            words = shape(name, args.scale).words
+            vmap = checkpoint.parent / f"vmap-{args.shortlist}.txt"
+            args.vocabulary_map = write_vocabulary_map(vmap, words, args.shortlist)
+            print(f"# shortlists: {vmap}, {args.shortlist} words a source word, "
+                  f"{ALWAYS_LISTED} for every sentence")
         measure(str(checkpoint), str(data), args)
 
 

@@ -18,6 +18,10 @@ sorted by source length, batches of B consecutive sentences, as fairseq-generate
   at batch 1 each call's own setup shows);
 * ``ours torch kernels``: ``ours`` with ``BEAMPLUGIN_ISA=off`` (torch's kernels only, as without a
   C compiler): our kernels must never be slower than that;
+* ``ours vmap`` / ``ours int8 vmap`` / ``ct2 float32 vmap`` / ``ct2 int8 vmap``, with
+  ``--vocabulary-map``: the same, each sentence on its shortlist (our ``--vocabulary-map``,
+  CTranslate2's ``use_vmap`` on the map converted in), so their hypotheses differ from
+  fairseq's by design;
 * ``ct2 float32`` / ``ct2 int8``: CTranslate2 on the same weights (``ct2-fairseq-converter``),
   every sentence in one ``translate_batch`` with ``max_batch_size`` B, intra_threads = the
   thread count, max_decoding_length = max_len_b + 1: fairseq decodes up to max_len_b tokens,
@@ -66,7 +70,9 @@ from typing import Any
 BEAM, MAX_LEN_B = 5, 200
 SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ours torch kernels", "ct2 float32",
            "ct2 int8"]  # fmt: skip
-OURS_STREAMED = ("ours", "ours int8", "ours torch kernels")
+# with --vocabulary-map: ours and CTranslate2 on a shortlist (CTranslate2's use_vmap)
+SHORTLISTED = ["ours vmap", "ours int8 vmap", "ct2 float32 vmap", "ct2 int8 vmap"]
+OURS_STREAMED = ("ours", "ours int8", "ours torch kernels", "ours vmap", "ours int8 vmap")
 
 
 def checkpoint_parser(description: str) -> argparse.ArgumentParser:
@@ -94,20 +100,26 @@ def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
                         help="sentences timed at batch size 1 (it is slow for fairseq)")
     parser.add_argument("--max-len-b", type=int, default=max_len_b,
                         help="longest hypothesis in tokens before EOS (max_len_a is 0)")
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=SYSTEMS,
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS + SHORTLISTED,
+                        default=SYSTEMS + SHORTLISTED,
                         help="which to time (fairseq always: the others are set against it)")
+    parser.add_argument("--vocabulary-map", type=Path,
+                        help="a vocabulary map (CTranslate2's format): adds the systems "
+                        f"{', '.join(SHORTLISTED)}, which decode on each sentence's shortlist")
 
 
 def parse_args() -> argparse.Namespace:
     parser = checkpoint_parser(__doc__)
     timing_options(parser, MAX_LEN_B)
-    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=SYSTEMS + SHORTLISTED, help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
-def ct2_model(path: str, data: str, quantization: str | None, workdir: Path) -> Path:
-    out = workdir / f"ct2-{quantization or 'float32'}"
+def ct2_model(
+    path: str, data: str, quantization: str | None, workdir: Path, vmap: Path | None = None
+) -> Path:
+    out = workdir / f"ct2-{quantization or 'float32'}{'-vmap' if vmap else ''}"
     # ct2-fairseq-converter, after beamplugin made fairseq's checkpoint loading work under
     # torch's weights_only unpickler (and registered the task the checkpoint may name)
     convert = "import sys, beamplugin; from ctranslate2.converters.fairseq import main; main()"
@@ -115,6 +127,8 @@ def ct2_model(path: str, data: str, quantization: str | None, workdir: Path) -> 
                "--output_dir", str(out)]
     if quantization:
         command += ["--quantization", quantization]
+    if vmap:
+        command += ["--vocab_mapping", str(vmap)]
     subprocess.run(command, check=True, capture_output=True)
     return out
 
@@ -130,7 +144,7 @@ def worker(args: argparse.Namespace) -> None:
     memory (the model, its runtime and the decodes' buffers)."""
     job = json.loads(Path(args.job).read_text(encoding="utf-8"))
     if args.worker.startswith("ct2"):
-        decode, load_seconds = ct2_decoder(job, args.worker.split()[1], job["threads"])
+        decode, load_seconds = ct2_decoder(job, args.worker.removeprefix("ct2 "), job["threads"])
     else:
         decode, load_seconds = torch_decoder(args, job)
     decode()
@@ -155,13 +169,14 @@ def peak_resident_mib() -> float | None:
     return None
 
 
-def ct2_decoder(job: dict[str, Any], compute_type: str, threads: int) -> tuple[Any, float]:
-    """CTranslate2's decode of the job's sentences, and the seconds its model took to load."""
+def ct2_decoder(job: dict[str, Any], kind: str, threads: int) -> tuple[Any, float]:
+    """CTranslate2's decode of the job's sentences (``kind``: "float32" or "int8", then "vmap"
+    for its shortlist), and the seconds its model took to load."""
     import ctranslate2  # the only runtime in this process
 
     started = time.perf_counter()
     translator = ctranslate2.Translator(
-        job["ct2"][compute_type], device="cpu", compute_type=compute_type,
+        job["ct2"][kind], device="cpu", compute_type=kind.split()[0],
         intra_threads=threads, inter_threads=1,
     )  # fmt: skip
     loaded = time.perf_counter() - started
@@ -170,6 +185,7 @@ def ct2_decoder(job: dict[str, Any], compute_type: str, threads: int) -> tuple[A
         results = translator.translate_batch(
             job["words"], beam_size=BEAM, max_batch_size=job["batch"], length_penalty=1.0,
             max_decoding_length=ct2_decoding_length(job["max_len_b"]), return_scores=False,
+            use_vmap=kind.endswith("vmap"),
         )  # fmt: skip
         return [r.hypotheses[0] for r in results]
 
@@ -194,6 +210,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
     from beamplugin import SequenceGenerator
     from beamplugin.fairseq_plugin.precision import cast_for_decoding
+    from beamplugin.search.vocabulary_map import VocabularyMap
     from beamplugin.streams.translate import translate
 
     torch.set_num_threads(job["threads"])
@@ -205,9 +222,15 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
     if convolutional(model):  # fairseq's fconv against our convs2s, the same weights
         fconv, convs2s, _ = checkpoint_models(args.path, args.data)
         model = prepare(fconv, BEAM) if args.worker == "fairseq" else convs2s
-    if args.worker == "ours int8":
+    if args.worker in ("ours int8", "ours int8 vmap"):
         cast_for_decoding([model], "int8")
     options: dict[str, Any] = dict(beam_size=BEAM, max_len_a=0, max_len_b=job["max_len_b"])
+    if args.worker.endswith("vmap"):  # the shortlist as task beam_translation reads it
+        target = task.target_dictionary
+        special = [target.bos(), target.pad(), target.eos(), target.unk()]
+        options["shortlist"] = VocabularyMap.read(job["vocabulary_map"],
+                                                  task.source_dictionary.indices,
+                                                  target.indices, special)  # fmt: skip
     streams = args.worker in OURS_STREAMED
     if streams:  # as task beam_translation builds it without --print-alignment, --nbest 1
         options.update(attention=False, nbest=1)
@@ -281,11 +304,17 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
             import ctranslate2  # noqa: F401
 
             if transformer:
-                ct2 = {kind: str(ct2_model(path, data, None if kind == "float32" else kind,
-                                           workdir)) for kind in ("float32", "int8")}
-                systems = SYSTEMS
+                vmap = options.vocabulary_map
+                kinds = [(kind, None) for kind in ("float32", "int8")]
+                kinds += [(kind, vmap) for kind in ("float32", "int8") if vmap]
+                ct2 = {f"{kind}{' vmap' if shortlist else ''}": str(ct2_model(
+                    path, data, None if kind == "float32" else kind, workdir, shortlist))
+                    for kind, shortlist in kinds}  # fmt: skip
+                systems = SYSTEMS + (SHORTLISTED if vmap else [])
         except ImportError:
             print("# ctranslate2 is not installed (pip install -e '.[bench]'): without CTranslate2")
+        if options.vocabulary_map and not ct2:  # ours alone (CTranslate2 absent, or a ConvS2S)
+            systems += SHORTLISTED[:2]
         # at real sizes a round takes minutes a system: the ones asked for, fairseq always
         systems = [s for s in systems if s in options.systems or s == "fairseq"]
         print(f"# {path}; beam {BEAM}, max_len_a 0, max_len_b {options.max_len_b}; "
@@ -300,6 +329,7 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
                     "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
                     "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
                     "max_len_b": options.max_len_b,
+                    "vocabulary_map": str(options.vocabulary_map or ""),
                 }), encoding="utf-8")  # fmt: skip
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
                 outputs: dict[str, list[list[int]]] = {}

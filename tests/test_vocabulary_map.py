@@ -24,6 +24,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin import vocabulary_map_cli
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from beamplugin.kernels import float_products, native_library
 from beamplugin.modules import linear as linear_module
 from beamplugin.search.vocabulary_map import VocabularyMap
 
@@ -65,7 +66,8 @@ def test_the_map_reads_ctranslate2s_format(vocab, vocabulary_map, tmp_path, capl
     assert w("w9") in shortlist.tolist() and w("w20") not in shortlist.tolist()
     with caplog.at_level("WARNING"):
         VocabularyMap.read(write_map(tmp_path / "m.txt", vocab), vocab.indices, vocab.indices)
-    assert "1 rules whose source n-gram" in caplog.text and "1 target tokens" in caplog.text
+    assert "1 rules whose source n-gram is not in the source dictionary" in caplog.text
+    assert vocab.index("w7") not in vocabulary_map.shortlist([vocab.index("w0")]).tolist()
     (tmp_path / "bad.txt").write_text("w1 w2\n")
     with pytest.raises(ValueError, match="bad.txt, line 1: .* no tab"):
         VocabularyMap.read(tmp_path / "bad.txt", vocab.indices, vocab.indices)
@@ -178,3 +180,23 @@ def test_the_map_builder_lists_each_source_tokens_most_frequent_partners(tmp_pat
     assert vocabulary_map_cli.cli_main([*args[:2], "--target", str(tmp_path / "short"),
                                         *args[4:]]) == 2  # fmt: skip
     assert "must have as many lines" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_the_panels_of_a_shortlists_columns_are_those_of_its_rows(dtype):
+    """Columns taken from a packed weight (not from its paged-out rows) are packed as the rows
+    would be, and multiply to the bits of the whole product's columns."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(100, 37, generator=g)
+    if dtype == torch.int8:
+        weight = weight.mul(40).round().to(torch.int8)
+    columns = torch.tensor([0, 3, 31, 32, 33, 64, 99])
+    group = 4 if dtype == torch.int8 else 1
+    laid = native_library.panels(weight, group)
+    expected = native_library.panels(weight[columns], group)
+    assert torch.equal(native_library.panel_columns(laid, columns), expected)
+    if dtype == torch.float32 and float_products.available(torch.float32):
+        x = torch.randn(5, 37, generator=g)
+        whole = float_products.product(x, float_products.pack(weight), None)
+        picked = float_products.columns(float_products.pack(weight), columns)
+        assert torch.equal(float_products.product(x, picked, None), whole[:, columns])

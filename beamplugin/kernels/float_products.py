@@ -73,6 +73,13 @@ def pack(weight: Tensor) -> Panels:
     return Panels(values, *weight.shape)
 
 
+def columns(weight: Panels, channels: Tensor) -> Panels:
+    """The output ``channels`` of ``weight`` alone, packed alike (each one's products the same
+    bits)."""
+    values = native_library.panel_columns(weight.values, channels)
+    return Panels(values, channels.numel(), weight.in_features)
+
+
 def product(
     x: Tensor,
     weight: Panels,

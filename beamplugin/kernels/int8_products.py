@@ -62,6 +62,12 @@ def pack(values: Tensor) -> Int8Panels:
     return Int8Panels(laid, sums, *values.shape)
 
 
+def columns(weight: Int8Panels, channels: Tensor) -> Int8Panels:
+    """The output ``channels`` of ``weight`` alone, packed alike (the same values and sums)."""
+    values = native_library.panel_columns(weight.values, channels)
+    return Int8Panels(values, weight.sums[channels], channels.numel(), weight.in_features)
+
+
 def product(
     x: Tensor,
     weight: Int8Panels,

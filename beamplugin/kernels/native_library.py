@@ -191,6 +191,18 @@ def panels(weight: Tensor, group: int, panel: int = 32) -> Tensor:
     return laid_out
 
 
+def panel_columns(laid_out: Tensor, columns: Tensor) -> Tensor:
+    """The output channels ``columns`` of a weight laid out by :func:`panels` (``[count, groups,
+    panel, group]``), laid out alike: the same values, read from the panels (a weight whose
+    pages went back to its file is not read again)."""
+    _, groups, panel, group = laid_out.shape
+    picked = laid_out[columns // panel, :, columns % panel]  # [n, groups, group]
+    count = -(-columns.numel() // panel)
+    padded = laid_out.new_zeros(count * panel, groups, group)
+    padded[: columns.numel()] = picked
+    return padded.view(count, panel, groups, group).transpose(1, 2).contiguous()
+
+
 @functools.cache
 def _load(name: str, isa: InstructionSet, compiler: str) -> ctypes.CDLL | None:
     built = _build_every_source(isa, compiler)[name]

@@ -144,6 +144,7 @@ class TransformerWeights:
         not run); made again only when ``columns`` is another tensor."""
         kept = self._columns
         if kept is None or kept[0] is not columns:
+            self._columns = kept = None  # the last columns' panels go before the next are made
             weight = self.model.decoder.output_projection.weight
             product = columns_of(self.output, weight, columns)
             in_kernel = _kernel_product(product) if self.decoder_in_kernel is not None else None

@@ -390,23 +390,24 @@ def prepare_linear(
 
 
 def columns_of(prepared: PreparedLinear, weight: Tensor, columns: Tensor) -> PreparedLinear:
-    """The product of output channels ``columns`` alone (rows of ``weight``, the plain weight
-    ``prepared`` was made from), on the kind of kernel ``prepared`` takes: each channel gets the
-    bits it gets in the whole product (int8 scales are per channel; a float32 channel's sum runs
-    in the same order in any panel)."""
-    rows = weight.detach().index_select(0, columns)
+    """The product of output channels ``columns`` alone, on the kind of kernel ``prepared``
+    takes: each channel gets the bits it gets in the whole product (int8 values and scales are
+    per channel; a float32 channel's sum runs in the same order in any panel). Our kernels'
+    panels give their own channels; torch's paths take rows of ``weight``, the plain weight
+    ``prepared`` was made from."""
     bias = None if prepared.bias is None else prepared.bias.index_select(0, columns)
-    if prepared.int8 is not None:
-        int8 = quantize_int8(rows, bias)
-        if prepared.int8.panels is not None:
-            int8 = int8._replace(values=None, panels=int8_products.pack(int8.values))
-        return PreparedLinear(None, bias, None, int8)
+    int8 = prepared.int8
+    if int8 is not None:
+        scales = int8.scales.index_select(0, columns)
+        if int8.panels is not None:
+            picked = int8_products.columns(int8.panels, columns)
+            return PreparedLinear(None, bias, None, Int8Weight(None, scales, bias, picked))
+        return PreparedLinear(None, bias, None, Int8Weight(int8.values[columns], scales, bias))
     packed = prepared.packed
     if isinstance(packed, Panels):
-        packed = float_products.pack(rows.to(packed.values.dtype))
-    elif packed is not None:
-        packed = _torchs_layout(rows)
-    return PreparedLinear(rows, bias, packed, None)
+        return PreparedLinear(None, bias, float_products.columns(packed, columns), None)
+    rows = weight.detach().index_select(0, columns)
+    return PreparedLinear(rows, bias, None if packed is None else _torchs_layout(rows), None)
 
 
 class InferenceCache(nn.Module):
@@ -475,6 +476,7 @@ class InferenceCache(nn.Module):
             return F.linear(x, weight[columns], None if bias is None else bias[columns])
         kept = self.cached(f"{name} columns", dict)
         if kept.get("columns") is not columns:
+            kept.clear()  # the last columns' panels go before the next are made
             kept.update(columns=columns, product=columns_of(whole, weight, columns))
         return kept["product"](x)
 

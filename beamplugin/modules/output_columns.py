@@ -11,7 +11,7 @@ column, so a sentence's bits do not depend on what its batch-mates' shortlists a
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -19,20 +19,27 @@ from torch import Tensor
 
 class OutputColumns(NamedTuple):
     """``columns`` ``[n]``: the token ids any row may take, ascending; ``keep`` ``[rows, n]``:
-    those each row's own sentence may."""
+    those each row's own sentence may; ``wide``: the last widened logits' buffer, kept while
+    these columns are (every step writes the same columns, the others stay -inf)."""
 
     columns: Tensor
     keep: Tensor
+    wide: dict[tuple[Any, ...], Tensor]
 
     def for_rows(self, row_sentences: Tensor) -> OutputColumns:
         """Per-sentence ``keep`` made per row (``row_sentences``: each row's sentence); the same
         ``columns`` tensor."""
-        return OutputColumns(self.columns, self.keep.index_select(0, row_sentences))
+        return OutputColumns(self.columns, self.keep.index_select(0, row_sentences), self.wide)
 
     def widen(self, logits: Tensor, vocab: int) -> Tensor:
         """``logits`` of ``columns`` (``[rows, n]``) as ``[rows, vocab]``, -inf at every token
-        a row may not take."""
-        out = logits.new_full((logits.size(0), vocab), -math.inf)
+        a row may not take. The result is overwritten by the next call: read it before (the
+        log-softmax that follows makes its own)."""
+        key = (logits.size(0), vocab, logits.dtype, logits.device)
+        out = self.wide.get(key)
+        if out is None:  # a 256k vocabulary's rows: filled once, not at every step
+            self.wide.clear()
+            out = self.wide[key] = logits.new_full((logits.size(0), vocab), -math.inf)
         return out.index_copy_(1, self.columns, logits.masked_fill(~self.keep, -math.inf))
 
     def restrict(self, logits: Tensor) -> Tensor:
@@ -50,4 +57,4 @@ def shortlist_columns(shortlists: list[Tensor], device: torch.device | None) -> 
     keep = torch.zeros(len(shortlists), columns.numel(), dtype=torch.bool)
     for sentence, shortlist in enumerate(shortlists):
         keep[sentence, torch.searchsorted(columns, shortlist)] = True
-    return OutputColumns(columns.to(device), keep.to(device))
+    return OutputColumns(columns.to(device), keep.to(device), {})

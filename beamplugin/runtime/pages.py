@@ -5,8 +5,8 @@
   weight in their own layout, its float32 parameter is not read again while the model decodes:
   :func:`page_out` asks Linux to reclaim those pages (``MADV_PAGEOUT``). A clean page of the file
   is dropped and read back from the file if anything touches it again (an embedding row,
-  fairseq's own forward); a page the process wrote to (copy on write) is swapped or kept,
-  never lost. Memory that no file backs is left alone.
+  fairseq's own forward), alone, without the pages around it; a page the process wrote to
+  (copy on write) is swapped or kept, never lost. Memory that no file backs is left alone.
 - Large buffers (:func:`zeros`) are anonymous mappings: zeros that take memory only where they
   are written (a self-attention history with room for steps it has not taken), and
   :func:`discard` gives written pages back, zeros again, when their values are not needed.
@@ -28,7 +28,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-MADV_DONTNEED = 4  # mman-linux.h
+MADV_RANDOM = 1  # mman-linux.h
+MADV_DONTNEED = 4
 MADV_PAGEOUT = 21  # Linux >= 5.4
 # buffers from this size on are mappings of their own (glibc maps them too, from 32 MB at most)
 MAPPED_FROM_BYTES = 1 << 20
@@ -69,9 +70,18 @@ class FileMappings:
         self._ranges = ranges
 
     def backs(self, start: int, end: int) -> bool:
-        """Whether the bytes ``[start, end)`` lie in one mapping of a file."""
+        """Whether the bytes ``[start, end)`` lie in mappings of files, without a gap (an advice
+        such as ``MADV_RANDOM`` splits one mapping into several)."""
         index = bisect.bisect_right(self._starts, start) - 1
-        return index >= 0 and self._ranges[index][1] >= end
+        if index < 0:
+            return False
+        reach = self._ranges[index][1]
+        while reach < end and index + 1 < len(self._ranges):
+            index += 1
+            if self._ranges[index][0] != reach:
+                return False
+            reach = self._ranges[index][1]
+        return reach >= end
 
 
 def _whole_pages(tensor: Tensor) -> tuple[int, int]:
@@ -100,7 +110,11 @@ def _advise(tensor: Tensor, advice: int, mappings: FileMappings | None = None) -
 
 def page_out(tensor: Tensor, mappings: FileMappings) -> int:
     """Ask Linux to reclaim the whole pages of ``tensor``'s bytes where a file backs them (see
-    module doc); returns how many bytes were asked for (0 where none were, or nothing can)."""
+    module doc); returns how many bytes were asked for (0 where none were, or nothing can).
+    Pages read again later come back one by one (``MADV_RANDOM``): what reads such a weight
+    reads rows here and there (a token's embedding, a shortlist's columns), and the readahead
+    of each fault would bring most of a 1 GB projection back."""
+    _advise(tensor, MADV_RANDOM, mappings)
     return _advise(tensor, MADV_PAGEOUT, mappings)
 
 
