@@ -26,6 +26,7 @@ from beamplugin.fairseq_plugin import vocabulary_map_cli
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.kernels import float_products, native_library
 from beamplugin.modules import linear as linear_module
+from beamplugin.modules.output_columns import OutputColumns
 from beamplugin.search.vocabulary_map import VocabularyMap
 
 # vocab, models, one_thread and sentences: conftest.py's module-scoped fixtures
@@ -116,16 +117,26 @@ def test_each_sentence_gets_fairseqs_search_over_its_shortlist(
 @pytest.mark.parametrize("arch", MIXING)
 @pytest.mark.parametrize("kernels", ["ours", "torch's"])
 def test_a_stream_gives_each_sentence_its_bits_alone(
-    vocab, models, sentences, vocabulary_map, arch, kernels, kernels_for
+    vocab, models, sentences, vocabulary_map, arch, kernels, kernels_for, monkeypatch
 ):
     if kernels == "torch's":
         kernels_for("off")  # then a model built afresh: weights prepared for torch's kernels
     model = {"convs2s": build_convs2s, "transformer": build_transformer}[arch](vocab, 1)
     gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=20, shortlist=vocabulary_map)
+    narrow = OutputColumns.narrow
+    seen = set()
+
+    def spied(self, vocabulary: int) -> bool:
+        seen.add(narrow(self, vocabulary))
+        return narrow(self, vocabulary)
+
+    monkeypatch.setattr(OutputColumns, "narrow", spied)
     expected = [alone(gen, s) for s in sentences]
     out, engine = stream(gen, sentences, ORDERS["shuffled"], window=4, max_sentences=5)
     assert_identical(expected, out)
     assert engine.refills > 0
+    # some steps multiplied the shortlists' columns alone, others every column (the same bits)
+    assert seen == {True, False}
 
 
 def in_int8(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> torch.nn.Module:

@@ -292,8 +292,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return self.fc3(x), avg_attn
 
     def _output_columns(self, x: Tensor, output_columns: OutputColumns) -> Tensor:
-        """The logits ``[rows, vocab]`` of ``output_columns`` alone (the rest -inf)."""
+        """The logits ``[rows, vocab]`` of ``output_columns`` (the rest -inf)."""
         fc3, columns = self.fc3, output_columns.columns
+        if not output_columns.narrow(fc3.out_features):
+            return output_columns.restrict(fc3(x))
         logits = fc3.columns_product(x, fc3.weight, fc3.bias, columns)
         return output_columns.widen(logits, fc3.out_features)
 

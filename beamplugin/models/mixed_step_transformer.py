@@ -241,7 +241,8 @@ class MixedStepTransformerDecoder(nn.Module):
         tokens = prev_output_tokens
         rows, steps = tokens.shape
         output, output_in_kernel = weights.output, None
-        if output_columns is not None:
+        vocab = len(d.dictionary)
+        if output_columns is not None and output_columns.narrow(vocab):
             output, output_in_kernel = weights.output_columns(output_columns.columns)
         in_kernel = weights.decoder_in_kernel
         if in_kernel is not None and tokens.is_cpu and not torch.is_grad_enabled():
@@ -249,7 +250,7 @@ class MixedStepTransformerDecoder(nn.Module):
             logits, attn = self._step_in_kernel(
                 in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel
             )
-            logits = self._widened(logits, output_columns)
+            logits = _shortlisted(logits, output_columns, vocab)
             return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
@@ -266,13 +267,8 @@ class MixedStepTransformerDecoder(nn.Module):
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
             x = d.project_out_dim(x)
-        logits = self._widened(output(x), output_columns)
+        logits = _shortlisted(output(x), output_columns, vocab)
         return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
-
-    def _widened(self, logits: Tensor, output_columns: OutputColumns | None) -> Tensor:
-        if output_columns is None:
-            return logits
-        return output_columns.widen(logits, len(self.decoder.dictionary))
 
     def _step_in_kernel(
         self,
@@ -366,6 +362,16 @@ class MixedStepTransformerDecoder(nn.Module):
         """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh, which
         needs nothing (their history is padding, masked)."""
         self.history.reorder(incremental_state, new_order)
+
+
+def _shortlisted(logits: Tensor, output_columns: OutputColumns | None, vocab: int) -> Tensor:
+    """``logits`` (of the columns alone where they are narrow, else of every column) with -inf
+    at every token a row may not take."""
+    if output_columns is None:
+        return logits
+    if output_columns.narrow(vocab):
+        return output_columns.widen(logits, vocab)
+    return output_columns.restrict(logits)
 
 
 def _decoder_layer(

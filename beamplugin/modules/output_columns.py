@@ -31,6 +31,13 @@ class OutputColumns(NamedTuple):
         ``columns`` tensor."""
         return OutputColumns(self.columns, self.keep.index_select(0, row_sentences), self.wide)
 
+    def narrow(self, vocab: int) -> bool:
+        """Whether multiplying these columns alone pays, out of ``vocab``: where the shortlists
+        in flight cover more than half of it (a batch of 64 sentences on a 32k vocabulary),
+        the whole product and :meth:`restrict` cost less than packing the columns anew as
+        sentences come and go (the same bits either way)."""
+        return 2 * self.columns.numel() <= vocab
+
     def widen(self, logits: Tensor, vocab: int) -> Tensor:
         """``logits`` of ``columns`` (``[rows, n]``) as ``[rows, vocab]``, -inf at every token
         a row may not take. The result is overwritten by the next call: read it before (the
