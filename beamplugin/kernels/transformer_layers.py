@@ -245,6 +245,7 @@ class DecoderStep:
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = _layer_table(layers, int8_kernel)
         self.output = _product(ends.output, int8_kernel)
+        self._columns: tuple[Product, _Product] | None = None  # the last shortlist's output
         self._turn = threading.Lock()
         self._scratch = torch.empty(0)  # the step's scratch, laid out for _scratch_rows
         self._scratch_rows: tuple[int, int] | None = None
@@ -286,8 +287,12 @@ class DecoderStep:
         self._check(tokens, windows, sources)
         if groups.rows != rows:
             raise ValueError("the groups' rows must add up to the step's")
-        projection = self.output if output is None else _product(output, self.kernels[1][1])
-        width = self.vocab if output is None else output.panels.out_features
+        projection, width = self.output, self.vocab
+        if output is not None:  # a shortlist's columns: the same product until they change
+            kept = self._columns  # (read once: another thread's engine may replace it)
+            if kept is None or kept[0] is not output:
+                kept = self._columns = output, _product(output, self.kernels[1][1])
+            projection, width = kept[1], output.panels.out_features
         logits = windows.new_empty((rows, width))
         attn = None if alignment_layer is None else windows.new_empty((rows, groups.widest))
         with self._turn:

@@ -135,7 +135,6 @@ class TransformerWeights:
         self.encoder_in_kernel = _encoder_in_kernel(encoder, self.encoder_layers)
         heap.give_back_free_memory()
 
-
     def output_columns(
         self, columns: Tensor
     ) -> tuple[PreparedLinear, transformer_layers.Product | None]:

@@ -34,8 +34,9 @@ class OutputColumns(NamedTuple):
     def narrow(self, vocab: int) -> bool:
         """Whether multiplying these columns alone pays, out of ``vocab``: where the shortlists
         in flight cover more than half of it (a batch of 64 sentences on a 32k vocabulary),
-        the whole product and :meth:`restrict` cost less than packing the columns anew as
-        sentences come and go (the same bits either way)."""
+        packing the columns anew as sentences come and go saves no time and holds a second copy
+        of most of the projection: the whole product and :meth:`restrict` instead (the same
+        bits either way)."""
         return 2 * self.columns.numel() <= vocab
 
     def widen(self, logits: Tensor, vocab: int) -> Tensor:

@@ -112,8 +112,8 @@ def page_out(tensor: Tensor, mappings: FileMappings) -> int:
     """Ask Linux to reclaim the whole pages of ``tensor``'s bytes where a file backs them (see
     module doc); returns how many bytes were asked for (0 where none were, or nothing can).
     Pages read again later come back one by one (``MADV_RANDOM``): what reads such a weight
-    reads rows here and there (a token's embedding, a shortlist's columns), and the readahead
-    of each fault would bring most of a 1 GB projection back."""
+    reads rows here and there (a token's embedding), and the readahead of each fault would
+    bring most of a 1 GB projection back."""
     _advise(tensor, MADV_RANDOM, mappings)
     return _advise(tensor, MADV_PAGEOUT, mappings)
 
