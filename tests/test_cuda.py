@@ -12,7 +12,12 @@ from builders import BUILDERS, assert_same, count_rows, make_batch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from precision_bounds import MIN_SAME_SHARE, N_SENTENCES, SCORE_TOLERANCE
+from precision_bounds import (
+    MAX_EXTRA_DRIFT_SHARE,
+    MIN_SAME_AS_FAIRSEQ_SHARE,
+    N_SENTENCES,
+    SCORE_TOLERANCE,
+)
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
@@ -126,20 +131,25 @@ def _same_best(reference: list, out: list) -> list[tuple[dict, dict]]:
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("arch", ["convs2s", "transformer"])
 def test_half_precision_on_cuda_against_fairseq_and_float32(vocab, arch, precision):
-    """--fp16 / --bf16 on a GPU: the search reads float32 log-probs; translations as
-    fairseq's generator gives on the same half-precision model (fairseq-generate --fp16) and,
-    on most sentences, as float32 (the bounds of tests/test_precision.py)."""
+    """--fp16 / --bf16 on a GPU: the search reads float32 log-probs; ours drifts from float32
+    on hardly more sentences than fairseq's generator does on the same half-precision model
+    (fairseq-generate --fp16), and translates most sentences as that generator does."""
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bfloat16")
     model = BUILDERS[arch](vocab, 1).cuda()
     sample = on_cuda(make_batch(vocab, N_SENTENCES, seed=3))
     options = dict(beam_size=5, max_len_b=20)
     in_float32 = SequenceGenerator([model], vocab, **options).generate([model], sample)
+    fairseq_float32 = FairseqGenerator([model], vocab, **options).generate([model], sample)
     assert cast_for_decoding([model], precision) == PRECISIONS[precision]
     fairseq = FairseqGenerator([model], vocab, **options).generate([model], sample)
     ours = SequenceGenerator([model], vocab, **options).generate([model], sample)
     assert ours[0][0]["score"].dtype == torch.float32
-    assert len(_same_best(fairseq, ours)) >= MIN_SAME_SHARE * N_SENTENCES
     same = _same_best(in_float32, ours)
-    assert len(same) >= MIN_SAME_SHARE * N_SENTENCES, f"{len(same)} of {N_SENTENCES} equal"
+    fairseq_same = _same_best(fairseq_float32, fairseq)
+    assert len(same) >= len(fairseq_same) - MAX_EXTRA_DRIFT_SHARE * N_SENTENCES, (
+        f"ours as float32 on {len(same)}, fairseq's on {len(fairseq_same)} of {N_SENTENCES}"
+    )
+    as_fairseq = len(_same_best(fairseq, ours))
+    assert as_fairseq >= MIN_SAME_AS_FAIRSEQ_SHARE[precision] * N_SENTENCES, as_fairseq
     assert max(abs(float(r["score"]) - float(o["score"])) for r, o in same) < SCORE_TOLERANCE
