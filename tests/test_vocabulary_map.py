@@ -26,7 +26,7 @@ from beamplugin.fairseq_plugin import vocabulary_map_cli
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.kernels import float_products, native_library
 from beamplugin.modules import linear as linear_module
-from beamplugin.modules.output_columns import OutputColumns
+from beamplugin.modules.output_columns import OutputColumns, shortlist_columns
 from beamplugin.search.vocabulary_map import VocabularyMap
 
 # vocab, models, one_thread and sentences: conftest.py's module-scoped fixtures
@@ -164,6 +164,28 @@ def test_a_shortlist_of_every_token_gives_the_bits_of_none(
     ours = SequenceGenerator([model], vocab, shortlist=everything, **options)
     plain = SequenceGenerator([model], vocab, **options)
     assert_identical([alone(plain, s) for s in sentences], [alone(ours, s) for s in sentences])
+
+
+@pytest.mark.parametrize("length", [1, 7, 15, 16, 17, 63, 64, 65, 300, 3000])
+def test_a_rows_log_probs_are_its_own_whatever_shortlists_share_its_step(length):
+    """A row normalised over its own shortlist gets the same bits alone and beside a longer
+    shortlist (its row padded further), short shortlists included."""
+    vocab = 5000
+    g = torch.Generator().manual_seed(length)
+    own = torch.randperm(vocab, generator=g)[:length].sort().values
+    longer = torch.randperm(vocab, generator=g)[:4000].sort().values
+    logits = torch.randn(1, vocab, generator=g) * 4
+
+    def log_probs(shortlists: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
+        columns = shortlist_columns(shortlists, None).for_rows(torch.tensor(rows))
+        return columns.log_softmax(columns.restrict(logits.expand(len(rows), vocab))).clone()
+
+    alone_row = log_probs([own], [0, 0])[1]
+    assert torch.equal(alone_row, log_probs([longer, own], [0, 1, 1, 0])[2])
+    assert alone_row.isfinite().sum() == length
+    assert float(alone_row[own].exp().sum()) == pytest.approx(1.0, abs=1e-5)
+    expected = torch.log_softmax(logits[0, own], 0)
+    torch.testing.assert_close(alone_row[own], expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", MIXING)

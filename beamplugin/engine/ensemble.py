@@ -210,18 +210,21 @@ class EnsembleDecoder(nn.Module):
         for model, encoder_out, state in zip(self.models, encoder_outs, states, strict=True):
             # forward itself, as fairseq's generator calls it (no module hooks: a few us a step)
             decoder = model.decoder.forward
-            restrict = columns
+            computed = False  # whether the decoder took the columns itself
             if self.mixes_steps:
                 kwargs = {"need_attn": attention}
                 if columns is not None and getattr(model.decoder, "computes_output_columns", False):
-                    kwargs["output_columns"], restrict = columns, None
+                    kwargs["output_columns"], computed = columns, True
                 out = decoder(tokens, encoder_out=encoder_out, incremental_state=state, **kwargs)
             elif self.incremental:
                 out = decoder(tokens, encoder_out=encoder_out, incremental_state=state)
             else:
                 out = decoder(tokens, encoder_out=encoder_out)
             extra = out[1] if len(out) > 1 else None
-            lprobs.append(search_log_probs(model, out[0], extra, temperature, restrict))
+            step_lprobs = search_log_probs(model, out[0], extra, temperature, columns, computed)
+            if computed and len(self.models) > 1:  # the next model writes the same buffer
+                step_lprobs = step_lprobs.clone()
+            lprobs.append(step_lprobs)
             attn = _last_step_attention(extra) if attention else None
             if attn is not None:
                 attns.append(attn.float())
@@ -262,14 +265,20 @@ def search_log_probs(
     extra: Any,
     temperature: float,
     columns: OutputColumns | None = None,
+    computed: bool = False,
 ) -> Tensor:
     """The log-probs ``[rows, vocab]`` of the next token that the search reads: float32 whatever
     precision the model computes in, its last step's logits widened before the temperature and
     the model's log-softmax, so the search's scores, length normalisation and stop tests are
-    float32 (see beamplugin.fairseq_plugin.precision); with ``columns``, -inf at every token a
-    row may not take, before the log-softmax."""
+    float32 (see beamplugin.fairseq_plugin.precision). With ``columns``, -inf at every token a
+    row may not take, each row normalised over its own: the logits of a decoder that
+    ``computed`` the columns itself (ours, whose log-softmax is fairseq's plain one) are
+    normalised over each row's columns alone (:meth:`OutputColumns.log_softmax`: a 256k
+    vocabulary is not read again); the others' are restricted before the model's log-softmax."""
     if logits.size(1) > 1:
         logits = logits[:, -1:, :]
+    if computed:
+        return columns.log_softmax(logits.squeeze(1), temperature)
     logits = logits.float()
     if columns is not None:
         logits = columns.restrict(logits)

@@ -3,33 +3,48 @@ back to the whole vocabulary.
 
 A decoder that honours them computes the logits of ``columns`` alone (the shortlists of every
 sentence in flight, one product) and :meth:`OutputColumns.widen`s them: each row keeps its own
-sentence's columns, every other token is -inf. The search then reads a row of the usual width
-whose probabilities are normalised over that sentence's shortlist, with each token in its own
-column, so a sentence's bits do not depend on what its batch-mates' shortlists add.
+sentence's columns, every other token is -inf. :meth:`OutputColumns.log_softmax` normalises each
+row over its own sentence's shortlist alone, and the search reads a row of the usual width with
+each token in its own column. A sentence's bits do not depend on what its batch-mates'
+shortlists add.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+# The log-softmax's rows are at least this wide: torch's takes rows narrower than one vector (16
+# floats on AVX-512) another way, so a short shortlist alone would not get its bits in a batch.
+MIN_WIDTH = 64
+
 
 class OutputColumns(NamedTuple):
     """``columns`` ``[n]``: the token ids any row may take, ascending; ``keep`` ``[rows, n]``:
-    those each row's own sentence may; ``wide``: the last widened logits' buffer, kept while
-    these columns are (every step writes the same columns, the others stay -inf)."""
+    those each row's own sentence may; ``own`` ``[rows, longest]``: each row's own token ids,
+    ascending, from the first column on (``own_valid`` says which are; the rest is padding);
+    ``buffers``: the last widened logits and log-probs, kept while these columns are (every step
+    writes the same columns, the others stay -inf)."""
 
     columns: Tensor
     keep: Tensor
-    wide: dict[tuple[Any, ...], Tensor]
+    own: Tensor
+    own_valid: Tensor
+    buffers: dict[str, Tensor]
 
     def for_rows(self, row_sentences: Tensor) -> OutputColumns:
-        """Per-sentence ``keep`` made per row (``row_sentences``: each row's sentence); the same
-        ``columns`` tensor."""
-        return OutputColumns(self.columns, self.keep.index_select(0, row_sentences), self.wide)
+        """The per-sentence ``keep`` and ``own`` made per row (``row_sentences``: each row's
+        sentence); the same ``columns`` tensor and buffers."""
+        return OutputColumns(
+            self.columns,
+            self.keep.index_select(0, row_sentences),
+            self.own.index_select(0, row_sentences),
+            self.own_valid.index_select(0, row_sentences),
+            self.buffers,
+        )
 
     def narrow(self, vocab: int) -> bool:
         """Whether multiplying these columns alone pays, out of ``vocab``: where the shortlists
@@ -41,14 +56,41 @@ class OutputColumns(NamedTuple):
 
     def widen(self, logits: Tensor, vocab: int) -> Tensor:
         """``logits`` of ``columns`` (``[rows, n]``) as ``[rows, vocab]``, -inf at every token
-        a row may not take. The result is overwritten by the next call: read it before (the
-        log-softmax that follows makes its own)."""
-        key = (logits.size(0), vocab, logits.dtype, logits.device)
-        out = self.wide.get(key)
-        if out is None:  # a 256k vocabulary's rows: filled once, not at every step
-            self.wide.clear()
-            out = self.wide[key] = logits.new_full((logits.size(0), vocab), -math.inf)
+        a row may not take. The result is overwritten by the next call: read it before."""
+        out = self._buffer("widened", logits.size(0), vocab, logits)
         return out.index_copy_(1, self.columns, logits.masked_fill(~self.keep, -math.inf))
+
+    def log_softmax(self, logits: Tensor, temperature: float = 1.0) -> Tensor:
+        """Float32 log-probs ``[rows, vocab]`` of ``logits`` (``[rows, vocab]``, as
+        :meth:`widen` or :meth:`restrict` made them), each row normalised over its own
+        sentence's columns alone and -inf elsewhere. Each row's own logits are gathered in token
+        order to the front of a row as long as the longest shortlist, so its sum runs over the
+        same values in the same lanes whoever shares the step (trailing -inf adds exact zeros;
+        tests/test_vocabulary_map.py checks it), and a shortlist of every token gives
+        ``log_softmax`` of the whole row. The result is overwritten by the next call."""
+        rows, vocab = logits.shape
+        gathered = logits.gather(1, self.own).float().masked_fill_(~self.own_valid, -math.inf)
+        if temperature != 1.0:
+            gathered = gathered / temperature
+        normalised = torch.log_softmax(gathered, 1)
+        # Same rows, same layout: a buffer is kept per row count, and within one set of columns
+        # the rows' sentences follow from their count (the one-row sentences come last).
+        out = self._buffer("log_probs", rows, vocab, normalised)
+        at = (torch.arange(rows, device=logits.device).unsqueeze(1) * vocab + self.own)
+        valid = self.own_valid
+        out.view(-1).index_copy_(0, at[valid], normalised[valid])
+        return out
+
+    def _buffer(self, kind: str, rows: int, vocab: int, like: Tensor) -> Tensor:
+        """A ``[rows, vocab]`` tensor of -inf (where no call wrote) for ``kind``, kept while
+        its shape, dtype and device are (a 256k vocabulary's rows: filled once, not at every
+        step)."""
+        out = self.buffers.get(kind)
+        if out is None or out.shape != (rows, vocab) or out.dtype != like.dtype or (
+            out.device != like.device
+        ):
+            out = self.buffers[kind] = like.new_full((rows, vocab), -math.inf)
+        return out
 
     def restrict(self, logits: Tensor) -> Tensor:
         """Logits of the whole vocabulary (``[rows, vocab]``, or ``[rows, 1, vocab]``) with
@@ -59,10 +101,17 @@ class OutputColumns(NamedTuple):
 
 
 def shortlist_columns(shortlists: list[Tensor], device: torch.device | None) -> OutputColumns:
-    """The columns of sentences whose shortlists (ascending token ids) are ``shortlists``,
-    ``keep`` per sentence (:meth:`OutputColumns.for_rows` makes it per row)."""
+    """The columns of sentences whose shortlists (ascending token ids, each once) are
+    ``shortlists``, ``keep`` and ``own`` per sentence (:meth:`OutputColumns.for_rows` makes them
+    per row)."""
     columns = torch.unique(torch.cat(shortlists))
     keep = torch.zeros(len(shortlists), columns.numel(), dtype=torch.bool)
+    longest = max(MIN_WIDTH, *(shortlist.numel() for shortlist in shortlists))
+    own = torch.zeros(len(shortlists), longest, dtype=torch.long)
+    own_valid = torch.zeros(len(shortlists), longest, dtype=torch.bool)
     for sentence, shortlist in enumerate(shortlists):
         keep[sentence, torch.searchsorted(columns, shortlist)] = True
-    return OutputColumns(columns.to(device), keep.to(device), {})
+        own[sentence, : shortlist.numel()] = shortlist
+        own_valid[sentence, : shortlist.numel()] = True
+    on_device = (columns, keep, own, own_valid)
+    return OutputColumns(*(t.to(device) for t in on_device), {})
