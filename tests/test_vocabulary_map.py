@@ -169,7 +169,8 @@ def test_a_shortlist_of_every_token_gives_the_bits_of_none(
 @pytest.mark.parametrize("length", [1, 7, 15, 16, 17, 63, 64, 65, 300, 3000])
 def test_a_rows_log_probs_are_its_own_whatever_shortlists_share_its_step(length):
     """A row normalised over its own shortlist gets the same bits alone and beside a longer
-    shortlist (its row padded further), short shortlists included."""
+    shortlist (its row padded further), short shortlists included, from the logits of the
+    columns alone or of every token."""
     vocab = 5000
     g = torch.Generator().manual_seed(length)
     own = torch.randperm(vocab, generator=g)[:length].sort().values
@@ -178,7 +179,10 @@ def test_a_rows_log_probs_are_its_own_whatever_shortlists_share_its_step(length)
 
     def log_probs(shortlists: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
         columns = shortlist_columns(shortlists, None).for_rows(torch.tensor(rows))
-        return columns.log_softmax(columns.restrict(logits.expand(len(rows), vocab))).clone()
+        every_token = columns.log_softmax(logits.expand(len(rows), vocab), vocab).clone()
+        of_columns = logits[:, columns.columns].expand(len(rows), -1)
+        assert torch.equal(columns.log_softmax(of_columns, vocab), every_token)
+        return every_token
 
     alone_row = log_probs([own], [0, 0])[1]
     assert torch.equal(alone_row, log_probs([longer, own], [0, 1, 1, 0])[2])

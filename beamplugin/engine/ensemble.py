@@ -278,7 +278,8 @@ def search_log_probs(
     if logits.size(1) > 1:
         logits = logits[:, -1:, :]
     if computed:
-        return columns.log_softmax(logits.squeeze(1), temperature)
+        vocab = len(model.decoder.dictionary)  # the logits may be of the columns alone
+        return columns.log_softmax(logits.squeeze(1), vocab, temperature)
     logits = logits.float()
     if columns is not None:
         logits = columns.restrict(logits)

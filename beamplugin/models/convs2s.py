@@ -190,8 +190,9 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     # (reorder_incremental_state's fresh_rows), and the encoder memory is pooled per sentence
     # (ConvS2SEncoder.memory_pool). See beamplugin.engine.ensemble.
     decodes_mixed_steps = True
-    # With ``output_columns`` (a shortlist per row), fc3 multiplies those columns alone and the
-    # logits are of the last step only: see beamplugin.modules.output_columns.
+    # With ``output_columns`` (a shortlist per row), fc3 multiplies those columns alone where
+    # they are few and the logits are of the last step only: see
+    # beamplugin.modules.output_columns.
     computes_output_columns = True
 
     def __init__(
@@ -292,12 +293,12 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         return self.fc3(x), avg_attn
 
     def _output_columns(self, x: Tensor, output_columns: OutputColumns) -> Tensor:
-        """The logits ``[rows, vocab]`` of ``output_columns`` (the rest -inf)."""
-        fc3, columns = self.fc3, output_columns.columns
+        """The logits ``[rows, n]`` of ``output_columns``' n columns alone where they are few,
+        else ``[rows, vocab]`` of every token (the log-softmax reads each row's own)."""
+        fc3 = self.fc3
         if not output_columns.narrow(fc3.out_features):
-            return output_columns.restrict(fc3(x))
-        logits = fc3.columns_product(x, fc3.weight, fc3.bias, columns)
-        return output_columns.widen(logits, fc3.out_features)
+            return fc3(x)
+        return fc3.columns_product(x, fc3.weight, fc3.bias, output_columns.columns)
 
     def reorder_incremental_state(
         self, incremental_state: IncrementalState, new_order: Tensor, fresh_rows: int = 0

@@ -213,6 +213,7 @@ class MixedStepTransformerDecoder(nn.Module):
     def __init__(self, decoder: nn.Module, weights: TransformerWeights) -> None:
         super().__init__()
         self.decoder = decoder
+        self.dictionary = decoder.dictionary  # as every fairseq decoder has it
         self.weights = weights
         self.pad = decoder.padding_idx
         self.alignment_layer = len(decoder.layers) - 1
@@ -236,7 +237,7 @@ class MixedStepTransformerDecoder(nn.Module):
         (``[rows, steps + 1]``, right-aligned, pad before a row's own tokens), and with
         ``need_attn`` the last layer's cross-attention averaged over heads (``{"attn": [[rows,
         1, src]]}``; else ``[None]``). With ``output_columns``, only those columns are
-        multiplied, the rest -inf."""
+        multiplied where they are few (logits ``[rows, 1, n]``), else every one."""
         d, weights = self.decoder, self.weights
         tokens = prev_output_tokens
         rows, steps = tokens.shape
@@ -250,7 +251,6 @@ class MixedStepTransformerDecoder(nn.Module):
             logits, attn = self._step_in_kernel(
                 in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel
             )
-            logits = _shortlisted(logits, output_columns, vocab)
             return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
@@ -267,8 +267,7 @@ class MixedStepTransformerDecoder(nn.Module):
             x = _norm(d.layer_norm, x)
         if d.project_out_dim is not None:
             x = d.project_out_dim(x)
-        logits = _shortlisted(output(x), output_columns, vocab)
-        return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
+        return output(x).unsqueeze(1), {"attn": [attn], "inner_states": None}
 
     def _step_in_kernel(
         self,
@@ -362,16 +361,6 @@ class MixedStepTransformerDecoder(nn.Module):
         """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh, which
         needs nothing (their history is padding, masked)."""
         self.history.reorder(incremental_state, new_order)
-
-
-def _shortlisted(logits: Tensor, output_columns: OutputColumns | None, vocab: int) -> Tensor:
-    """``logits`` (of the columns alone where they are narrow, else of every column) with -inf
-    at every token a row may not take."""
-    if output_columns is None:
-        return logits
-    if output_columns.narrow(vocab):
-        return output_columns.widen(logits, vocab)
-    return output_columns.restrict(logits)
 
 
 def _decoder_layer(

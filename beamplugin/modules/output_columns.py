@@ -1,12 +1,12 @@
-"""The vocabulary columns a step's rows may take (a shortlist per sentence), and logits widened
-back to the whole vocabulary.
+"""The vocabulary columns a step's rows may take (a shortlist per sentence), and log-probs
+normalised over each row's own.
 
 A decoder that honours them computes the logits of ``columns`` alone (the shortlists of every
-sentence in flight, one product) and :meth:`OutputColumns.widen`s them: each row keeps its own
-sentence's columns, every other token is -inf. :meth:`OutputColumns.log_softmax` normalises each
-row over its own sentence's shortlist alone, and the search reads a row of the usual width with
-each token in its own column. A sentence's bits do not depend on what its batch-mates'
-shortlists add.
+sentence in flight, one product) where they are few (:meth:`OutputColumns.narrow`), else of
+every token. :meth:`OutputColumns.log_softmax` reads each row's own sentence's columns of
+either, normalises the row over them alone, and writes a row of the usual width (-inf at every
+other token) for the search, each token in its own column. A sentence's bits do not depend on
+what its batch-mates' shortlists add.
 """
 
 from __future__ import annotations
@@ -25,23 +25,26 @@ MIN_WIDTH = 64
 class OutputColumns(NamedTuple):
     """``columns`` ``[n]``: the token ids any row may take, ascending; ``keep`` ``[rows, n]``:
     those each row's own sentence may; ``own`` ``[rows, longest]``: each row's own token ids,
-    ascending, from the first column on (``own_valid`` says which are; the rest is padding);
-    ``buffers``: the last widened logits and log-probs, kept while these columns are (every step
-    writes the same columns, the others stay -inf)."""
+    ascending, from the first column on, and ``own_at`` where they are in ``columns``
+    (``own_valid`` says which are; the rest is padding); ``buffers``: the last log-probs and
+    restricted logits, kept while these columns are (every step writes the same places, the
+    others stay -inf)."""
 
     columns: Tensor
     keep: Tensor
     own: Tensor
+    own_at: Tensor
     own_valid: Tensor
     buffers: dict[str, Tensor]
 
     def for_rows(self, row_sentences: Tensor) -> OutputColumns:
-        """The per-sentence ``keep`` and ``own`` made per row (``row_sentences``: each row's
+        """The per-sentence ``keep`` and ``own*`` made per row (``row_sentences``: each row's
         sentence); the same ``columns`` tensor and buffers."""
         return OutputColumns(
             self.columns,
             self.keep.index_select(0, row_sentences),
             self.own.index_select(0, row_sentences),
+            self.own_at.index_select(0, row_sentences),
             self.own_valid.index_select(0, row_sentences),
             self.buffers,
         )
@@ -50,33 +53,27 @@ class OutputColumns(NamedTuple):
         """Whether multiplying these columns alone pays, out of ``vocab``: where the shortlists
         in flight cover more than half of it (a batch of 64 sentences on a 32k vocabulary),
         packing the columns anew as sentences come and go saves no time and holds a second copy
-        of most of the projection: the whole product and :meth:`restrict` instead (the same
-        bits either way)."""
+        of most of the projection: the whole product instead (the same bits either way)."""
         return 2 * self.columns.numel() <= vocab
 
-    def widen(self, logits: Tensor, vocab: int) -> Tensor:
-        """``logits`` of ``columns`` (``[rows, n]``) as ``[rows, vocab]``, -inf at every token
-        a row may not take. The result is overwritten by the next call: read it before."""
-        out = self._buffer("widened", logits.size(0), vocab, logits)
-        return out.index_copy_(1, self.columns, logits.masked_fill(~self.keep, -math.inf))
-
-    def log_softmax(self, logits: Tensor, temperature: float = 1.0) -> Tensor:
-        """Float32 log-probs ``[rows, vocab]`` of ``logits`` (``[rows, vocab]``, as
-        :meth:`widen` or :meth:`restrict` made them), each row normalised over its own
-        sentence's columns alone and -inf elsewhere. Each row's own logits are gathered in token
+    def log_softmax(self, logits: Tensor, vocab: int, temperature: float = 1.0) -> Tensor:
+        """Float32 log-probs ``[rows, vocab]`` of ``logits``, those of ``columns`` alone
+        (``[rows, n]``) or of every token (``[rows, vocab]``): each row normalised over its own
+        sentence's columns alone, -inf elsewhere. Each row's own logits are gathered in token
         order to the front of a row as long as the longest shortlist, so its sum runs over the
         same values in the same lanes whoever shares the step (trailing -inf adds exact zeros;
         tests/test_vocabulary_map.py checks it), and a shortlist of every token gives
         ``log_softmax`` of the whole row. The result is overwritten by the next call."""
-        rows, vocab = logits.shape
-        gathered = logits.gather(1, self.own).float().masked_fill_(~self.own_valid, -math.inf)
+        rows = logits.size(0)
+        own = self.own_at if logits.size(1) == self.columns.numel() else self.own
+        gathered = logits.gather(1, own).float().masked_fill_(~self.own_valid, -math.inf)
         if temperature != 1.0:
             gathered = gathered / temperature
         normalised = torch.log_softmax(gathered, 1)
         # Same rows, same layout: a buffer is kept per row count, and within one set of columns
         # the rows' sentences follow from their count (the one-row sentences come last).
         out = self._buffer("log_probs", rows, vocab, normalised)
-        at = (torch.arange(rows, device=logits.device).unsqueeze(1) * vocab + self.own)
+        at = torch.arange(rows, device=logits.device).unsqueeze(1) * vocab + self.own
         valid = self.own_valid
         out.view(-1).index_copy_(0, at[valid], normalised[valid])
         return out
@@ -94,24 +91,29 @@ class OutputColumns(NamedTuple):
 
     def restrict(self, logits: Tensor) -> Tensor:
         """Logits of the whole vocabulary (``[rows, vocab]``, or ``[rows, 1, vocab]``) with
-        -inf at every token a row may not take (for decoders that compute every column)."""
+        -inf at every token a row may not take (for decoders that compute every column and
+        normalise them themselves). The result is overwritten by the next call."""
         flat = logits.reshape(logits.size(0), -1)
-        kept = self.widen(flat.index_select(1, self.columns), flat.size(1))
-        return kept.view_as(logits)
+        out = self._buffer("restricted", flat.size(0), flat.size(1), flat)
+        kept = flat.index_select(1, self.columns).masked_fill_(~self.keep, -math.inf)
+        return out.index_copy_(1, self.columns, kept).view_as(logits)
 
 
 def shortlist_columns(shortlists: list[Tensor], device: torch.device | None) -> OutputColumns:
     """The columns of sentences whose shortlists (ascending token ids, each once) are
-    ``shortlists``, ``keep`` and ``own`` per sentence (:meth:`OutputColumns.for_rows` makes them
+    ``shortlists``, ``keep`` and ``own*`` per sentence (:meth:`OutputColumns.for_rows` makes them
     per row)."""
     columns = torch.unique(torch.cat(shortlists))
     keep = torch.zeros(len(shortlists), columns.numel(), dtype=torch.bool)
     longest = max(MIN_WIDTH, *(shortlist.numel() for shortlist in shortlists))
     own = torch.zeros(len(shortlists), longest, dtype=torch.long)
+    own_at = torch.zeros(len(shortlists), longest, dtype=torch.long)
     own_valid = torch.zeros(len(shortlists), longest, dtype=torch.bool)
     for sentence, shortlist in enumerate(shortlists):
-        keep[sentence, torch.searchsorted(columns, shortlist)] = True
+        at = torch.searchsorted(columns, shortlist)
+        keep[sentence, at] = True
         own[sentence, : shortlist.numel()] = shortlist
+        own_at[sentence, : shortlist.numel()] = at
         own_valid[sentence, : shortlist.numel()] = True
-    on_device = (columns, keep, own, own_valid)
+    on_device = (columns, keep, own, own_at, own_valid)
     return OutputColumns(*(t.to(device) for t in on_device), {})
