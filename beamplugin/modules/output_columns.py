@@ -23,26 +23,24 @@ MIN_WIDTH = 64
 
 
 class OutputColumns(NamedTuple):
-    """``columns`` ``[n]``: the token ids any row may take, ascending; ``keep`` ``[rows, n]``:
-    those each row's own sentence may; ``own`` ``[rows, longest]``: each row's own token ids,
+    """``columns`` ``[n]``: the token ids any row may take, ascending; ``own``
+    ``[rows, longest]``: each row's own token ids,
     ascending, from the first column on, and ``own_at`` where they are in ``columns``
     (``own_valid`` says which are; the rest is padding); ``buffers``: the last log-probs and
     restricted logits, kept while these columns are (every step writes the same places, the
     others stay -inf)."""
 
     columns: Tensor
-    keep: Tensor
     own: Tensor
     own_at: Tensor
     own_valid: Tensor
     buffers: dict[str, Tensor]
 
     def for_rows(self, row_sentences: Tensor) -> OutputColumns:
-        """The per-sentence ``keep`` and ``own*`` made per row (``row_sentences``: each row's
+        """The per-sentence ``own*`` made per row (``row_sentences``: each row's
         sentence); the same ``columns`` tensor and buffers."""
         return OutputColumns(
             self.columns,
-            self.keep.index_select(0, row_sentences),
             self.own.index_select(0, row_sentences),
             self.own_at.index_select(0, row_sentences),
             self.own_valid.index_select(0, row_sentences),
@@ -64,56 +62,50 @@ class OutputColumns(NamedTuple):
         same values in the same lanes whoever shares the step (trailing -inf adds exact zeros;
         tests/test_vocabulary_map.py checks it), and a shortlist of every token gives
         ``log_softmax`` of the whole row. The result is overwritten by the next call."""
-        rows = logits.size(0)
         own = self.own_at if logits.size(1) == self.columns.numel() else self.own
         gathered = logits.gather(1, own).float().masked_fill_(~self.own_valid, -math.inf)
         if temperature != 1.0:
             gathered = gathered / temperature
-        normalised = torch.log_softmax(gathered, 1)
-        # Same rows, same layout: a buffer is kept per row count, and within one set of columns
-        # the rows' sentences follow from their count (the one-row sentences come last).
-        out = self._buffer("log_probs", rows, vocab, normalised)
-        at = torch.arange(rows, device=logits.device).unsqueeze(1) * vocab + self.own
-        valid = self.own_valid
-        out.view(-1).index_copy_(0, at[valid], normalised[valid])
-        return out
-
-    def _buffer(self, kind: str, rows: int, vocab: int, like: Tensor) -> Tensor:
-        """A ``[rows, vocab]`` tensor of -inf (where no call wrote) for ``kind``, kept while
-        its shape, dtype and device are (a 256k vocabulary's rows: filled once, not at every
-        step)."""
-        out = self.buffers.get(kind)
-        if out is None or out.shape != (rows, vocab) or out.dtype != like.dtype or (
-            out.device != like.device
-        ):
-            out = self.buffers[kind] = like.new_full((rows, vocab), -math.inf)
-        return out
+        return self._write_own("log_probs", torch.log_softmax(gathered, 1), vocab)
 
     def restrict(self, logits: Tensor) -> Tensor:
         """Logits of the whole vocabulary (``[rows, vocab]``, or ``[rows, 1, vocab]``) with
         -inf at every token a row may not take (for decoders that compute every column and
         normalise them themselves). The result is overwritten by the next call."""
         flat = logits.reshape(logits.size(0), -1)
-        out = self._buffer("restricted", flat.size(0), flat.size(1), flat)
-        kept = flat.index_select(1, self.columns).masked_fill_(~self.keep, -math.inf)
-        return out.index_copy_(1, self.columns, kept).view_as(logits)
+        own = self._write_own("restricted", flat.gather(1, self.own), flat.size(1))
+        return own.view_as(logits)
+
+    def _write_own(self, kind: str, values: Tensor, vocab: int) -> Tensor:
+        """``values`` (``[rows, longest]``, laid out as ``own``) in their tokens' columns of a
+        ``[rows, vocab]`` buffer of -inf kept for ``kind`` while its shape, dtype and device are
+        (a 256k vocabulary's rows: filled once, not at every step). Within one set of columns
+        the rows' sentences follow from their count (the one-row sentences come last), so the
+        same places are written at every step."""
+        rows = values.size(0)
+        out = self.buffers.get(kind)
+        if out is None or out.shape != (rows, vocab) or out.dtype != values.dtype or (
+            out.device != values.device
+        ):
+            out = self.buffers[kind] = values.new_full((rows, vocab), -math.inf)
+        at = torch.arange(rows, device=values.device).unsqueeze(1) * vocab + self.own
+        valid = self.own_valid
+        out.view(-1).index_copy_(0, at[valid], values[valid])
+        return out
 
 
 def shortlist_columns(shortlists: list[Tensor], device: torch.device | None) -> OutputColumns:
     """The columns of sentences whose shortlists (ascending token ids, each once) are
-    ``shortlists``, ``keep`` and ``own*`` per sentence (:meth:`OutputColumns.for_rows` makes them
+    ``shortlists``, and ``own*`` per sentence (:meth:`OutputColumns.for_rows` makes them
     per row)."""
     columns = torch.unique(torch.cat(shortlists))
-    keep = torch.zeros(len(shortlists), columns.numel(), dtype=torch.bool)
     longest = max(MIN_WIDTH, *(shortlist.numel() for shortlist in shortlists))
     own = torch.zeros(len(shortlists), longest, dtype=torch.long)
     own_at = torch.zeros(len(shortlists), longest, dtype=torch.long)
     own_valid = torch.zeros(len(shortlists), longest, dtype=torch.bool)
     for sentence, shortlist in enumerate(shortlists):
-        at = torch.searchsorted(columns, shortlist)
-        keep[sentence, at] = True
         own[sentence, : shortlist.numel()] = shortlist
-        own_at[sentence, : shortlist.numel()] = at
+        own_at[sentence, : shortlist.numel()] = torch.searchsorted(columns, shortlist)
         own_valid[sentence, : shortlist.numel()] = True
-    on_device = (columns, keep, own, own_at, own_valid)
+    on_device = (columns, own, own_at, own_valid)
     return OutputColumns(*(t.to(device) for t in on_device), {})
