@@ -1,5 +1,7 @@
 """The decoding process keeps freed heap memory (beamplugin.runtime.heap): a stream decoded
-again pays no page faults; with glibc's own thresholds it pays tens of thousands each time."""
+again pays no page faults; with glibc's default mmap threshold held fixed it pays hundreds of
+thousands each time. (glibc's own dynamic threshold lies in between and varies from run to run,
+from a few thousand a pass to that, so it bounds nothing.)"""
 
 from __future__ import annotations
 
@@ -28,9 +30,11 @@ def page_faults(**env: str) -> list[int]:
 @pytest.mark.skipif(not keep_freed_memory(), reason="glibc only")
 def test_a_stream_decoded_again_pays_no_page_faults():
     kept = page_faults()
-    # a tunable of the user's, any: the engine leaves glibc's thresholds alone
-    default = page_faults(GLIBC_TUNABLES="glibc.malloc.check=0")
+    # a tunable of the user's: the engine leaves glibc's thresholds alone. This one is glibc's
+    # default 128 KiB, set, which turns off its dynamic adjustment: every large block is mapped
+    # and unmapped again, the same count each pass
+    mapped = page_faults(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072")
     # the machine's own memory management adds a few hundred, now and then thousands: the
     # quietest pass counts
     assert min(kept) < 1000
-    assert sum(default) > max(30_000, 50 * min(kept))
+    assert min(mapped) > 100_000
