@@ -274,12 +274,24 @@ def search_log_probs(
     row may not take, each row normalised over its own: the logits of a decoder that
     ``computed`` the columns itself (ours, whose log-softmax is fairseq's plain one) are
     normalised over each row's columns alone (:meth:`OutputColumns.log_softmax`: a 256k
-    vocabulary is not read again); the others' are restricted before the model's log-softmax."""
+    vocabulary is not read again); the others' are restricted before the model's log-softmax.
+    Our models' float32 logits (``plain_softmax``) are the step's own: normalised where they lie,
+    the same bits (a 256k vocabulary's log-probs of 64 sentences are 328 MB, not held twice nor
+    mapped afresh each step)."""
     if logits.size(1) > 1:
         logits = logits[:, -1:, :]
     if computed:
         vocab = len(model.decoder.dictionary)  # the logits may be of the columns alone
         return columns.log_softmax(logits.squeeze(1), vocab, temperature)
+    if (
+        columns is None
+        and logits.dtype == torch.float32
+        and logits.is_contiguous()
+        and getattr(model, "plain_softmax", False)
+    ):
+        if temperature != 1.0:
+            logits.div_(temperature)
+        return torch.log_softmax(logits, -1, out=logits).squeeze(1)
     logits = logits.float()
     if columns is not None:
         logits = columns.restrict(logits)

@@ -27,6 +27,7 @@ from fairseq.models import (
 from fairseq.modules import FairseqDropout, GradMultiply
 from torch import Tensor, nn
 
+from beamplugin.models.normalization import plain_softmax
 from beamplugin.modules import (
     CausalConvolution,
     ConvAttention,
@@ -344,6 +345,11 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         if attending == 0:
             raise ValueError("--decoder-attention: at least one decoder layer must attend")
         self.encoder.num_attention_layers = attending
+
+    @property
+    def plain_softmax(self) -> bool:
+        """Whether this model's log-probs are torch's log-softmax of its decoder's logits."""
+        return plain_softmax(self)
 
     @staticmethod
     def add_args(parser: ArgumentParser) -> None:

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from fairseq.models import BaseFairseqModel, FairseqDecoder
 from fairseq.models.transformer import TransformerModelBase
 from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
+from beamplugin.models.normalization import plain_softmax
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
 from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width, least_width
@@ -86,7 +86,7 @@ class MixedStepTransformer(nn.Module):
         weights = TransformerWeights(model)
         self.encoder = PooledTransformerEncoder(model.encoder, model.decoder, weights)
         self.decoder = MixedStepTransformerDecoder(model.decoder, weights)
-        self.plain_softmax = _plain_softmax(model)
+        self.plain_softmax = plain_softmax(model)
 
     def max_decoder_positions(self) -> int:
         return self.model.max_decoder_positions()
@@ -98,23 +98,6 @@ class MixedStepTransformer(nn.Module):
             softmax = F.log_softmax if log_probs else F.softmax
             return softmax(net_output[0], dim=-1, dtype=torch.float32)
         return self.model.get_normalized_probs(net_output, log_probs, sample)
-
-
-def _plain_softmax(model: TransformerModelBase) -> bool:
-    """Whether ``model`` normalizes its logits as fairseq's transformer does by default: a
-    (log-)softmax in float32, no adaptive softmax, no method of its own on the way, no ONNX
-    tracing."""
-    model_class, decoder = type(model), model.decoder
-    return (
-        model_class.get_normalized_probs is TransformerModelBase.get_normalized_probs
-        and model_class.get_normalized_probs_scriptable
-        is BaseFairseqModel.get_normalized_probs_scriptable
-        and type(decoder).get_normalized_probs is FairseqDecoder.get_normalized_probs
-        and type(decoder).get_normalized_probs_scriptable
-        is FairseqDecoder.get_normalized_probs_scriptable
-        and getattr(decoder, "adaptive_softmax", None) is None
-        and not getattr(decoder, "onnx_trace", False)
-    )
 
 
 class PooledTransformerEncoder(nn.Module):
