@@ -74,3 +74,24 @@ def test_a_history_gives_its_outgrown_buffer_back_without_its_pages():
     outgrown = [b for b in buffers if b.size(3) < state["buffer"].size(3)]
     assert outgrown and all(resident_pages(b) <= 2 for b in outgrown)
     assert resident_pages(state["buffer"]) > 0
+
+
+def test_a_history_holds_the_fewest_pages_its_steps_need_decode_after_decode():
+    layers, heads, head_dim, sentences, beam, steps = 1, 2, 64, 8, 5, 41
+    history = SelfAttentionHistory(layers, heads, head_dim)
+    like = torch.zeros(1, heads * head_dim)
+    # each (layer, slot, head) keeps a run of columns of 256 bytes: 41 steps fill 3 pages of it
+    most = -(-steps * head_dim * 4 // mmap.PAGESIZE)
+    for _ in range(2):  # the second decode borrows the first one's buffers from the pool
+        state: dict = {}
+        for step in range(1, steps + 1):
+            rows = sentences if step == 1 else sentences * beam
+            if step > 1:
+                history.reorder(state, torch.arange(rows) // beam if step == 2 else
+                                torch.arange(rows))  # fmt: skip
+            window = history.advance(state, rows, step, like)
+            window.keys_values[:, :rows, :, -1] = 1.0
+        buffer = state["buffer"]
+        runs = 2 * layers * buffer.size(1) * heads
+        assert resident_pages(buffer) <= most * runs
+        del state

@@ -58,4 +58,5 @@ def test_each_row_reads_what_its_beam_wrote_and_a_reorder_copies_no_keys(
         history.reorder(state, order)
         if step == 20:
             own[-1] = []  # the new row's own steps start at the next step
-    assert moves >= (1 if move_every == 32 else 10)
+    # a buffer has room for MOVE_EVERY steps and up to a lane's more (its columns lane-wide)
+    assert moves >= (1 if move_every == 32 else 3)

@@ -98,8 +98,12 @@ class SelfAttentionHistory:
         lease = state.get("lease")
         if lease is None:
             lease = state["lease"] = self.buffers.lease()
-        start = width + LANES  # room for the window to widen as the longest row grows
-        columns = start + MOVE_EVERY
+        kept = steps - 1
+        # room for the window to widen as the longest row grows (read, never written: untouched
+        # pages take no memory), and the kept columns from a lane boundary on, which is a page's
+        # at head_dim 64: each head's run of columns takes the fewest pages
+        start = lane_width(width + LANES - kept) + kept
+        columns = lane_width(start + MOVE_EVERY)
         spare = state.pop("spare", None)
         if spare is None or spare.size(1) < rows or spare.size(3) < columns:
             if spare is not None:
@@ -116,7 +120,6 @@ class SelfAttentionHistory:
         outgrown = old is not None and (old.size(1) < rows or old.size(3) < columns)
         if old is not None and not outgrown:
             state["spare"] = old
-        kept = steps - 1
         if old is None or sources is None or kept == 0:
             if outgrown:
                 pages.discard(old)
