@@ -92,23 +92,27 @@ def test_bad_inputs_are_refused(vocab):
     values = [torch.zeros(1, heads, 16, head_dim) for _ in range(2)]
     group = transformer_layers.Group(memory, values, torch.zeros(1, 1, 1, 16), rows)
     groups = layers.groups([group])
-    logits, attn = layers(tokens, windows, sources, groups, 1)
-    assert logits.shape == (rows, len(vocab)) and attn.shape == (rows, 16)
-    assert logits.isfinite().all()
+    logits = torch.full((rows, len(vocab)), float("nan"))
+    attn = layers(tokens, windows, sources, groups, 1, None, logits)
+    assert attn.shape == (rows, 16)
+    assert logits.isfinite().all()  # every one written
     bad = sources.clone()
     bad[2, 5] = 4  # a slot past the history's
     with pytest.raises(ValueError, match="must be slots"):
-        layers(tokens, windows, bad, groups, 1)
+        layers(tokens, windows, bad, groups, 1, None, logits)
     with pytest.raises(ValueError, match="token outside"):
-        layers(tokens.masked_fill(tokens.eq(9), len(vocab)), windows, sources, groups, 1)
+        layers(tokens.masked_fill(tokens.eq(9), len(vocab)), windows, sources, groups, 1, None,
+               logits)  # fmt: skip
     with pytest.raises(ValueError, match="add up"):
-        layers(tokens, windows, sources, layers.groups([group._replace(rows=2)]), 1)
+        layers(tokens, windows, sources, layers.groups([group._replace(rows=2)]), 1, None, logits)
     with pytest.raises(ValueError, match="history window"):
-        layers(tokens, windows[:, :, :, :, :4], sources, groups, 1)
+        layers(tokens, windows[:, :, :, :, :4], sources, groups, 1, None, logits)
     with pytest.raises(ValueError, match="layout"):
         layers.groups([group._replace(values=memory)])
     with pytest.raises(ValueError, match="int64"):
-        layers(tokens.int(), windows, sources, groups, 1)
+        layers(tokens.int(), windows, sources, groups, 1, None, logits)
+    with pytest.raises(ValueError, match="logits must be"):
+        layers(tokens, windows, sources, groups, 1, None, logits[:, :-1])
     encoder = gen.model.models[0].decoder.weights.encoder_in_kernel
     x, source_bias = torch.randn(2 * 5, 16), torch.zeros(2, 1, 1, 5)
     assert encoder(x, 2, source_bias).shape == (10, 16)

@@ -273,15 +273,17 @@ class DecoderStep:
         sources: Tensor,
         groups: Groups,
         alignment_layer: int | None,
-        output: Product | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """The logits ``[rows, vocab]`` (``output``'s columns instead of the ends', if given:
-        a shortlist's) of the next token after ``tokens`` ``[rows, steps]``
+        output: Product | None,
+        logits: Tensor,
+    ) -> Tensor | None:
+        """Write into ``logits`` (float32 ``[rows, vocab]``, contiguous) the logits
+        (``output``'s columns instead of the ends', if given: a shortlist's) of the next token
+        after ``tokens`` ``[rows, steps]``
         (int64, right-aligned, pad before a row's own), given the rows' histories ``windows``
         ``[2 x layers, slots, heads, width, head_dim]`` (row ``r``'s column ``j`` in slot
         ``sources[r, j]``; its last column written here, in slot ``r``) and the ``groups``'
-        memories; and the alignment layer's cross-attention weights averaged over heads ``[rows,
-        src]``, each group's left-padded with zeros to the widest (None without an
+        memories; return the alignment layer's cross-attention weights averaged over heads
+        ``[rows, src]``, each group's left-padded with zeros to the widest (None without an
         ``alignment_layer``)."""
         rows = tokens.size(0)
         self._check(tokens, windows, sources)
@@ -293,12 +295,17 @@ class DecoderStep:
             if kept is None or kept[0] is not output:
                 kept = self._columns = output, _product(output, self.kernels[1][1])
             projection, width = kept[1], output.panels.out_features
-        logits = windows.new_empty((rows, width))
+        if (
+            logits.shape != (rows, width)
+            or logits.dtype != torch.float32
+            or not logits.is_contiguous()
+        ):
+            raise ValueError(f"the logits must be float32 [{rows}, {width}], contiguous")
         attn = None if alignment_layer is None else windows.new_empty((rows, groups.widest))
         with self._turn:
             self.step.output = projection
             self._run(logits, attn, tokens, windows, sources, groups, alignment_layer)
-        return logits, attn
+        return attn
 
     def _run(
         self,

@@ -231,8 +231,10 @@ class MixedStepTransformerDecoder(nn.Module):
         in_kernel = weights.decoder_in_kernel
         if in_kernel is not None and tokens.is_cpu and not torch.is_grad_enabled():
             history = self.history.advance(incremental_state, rows, steps, weights.output.weight)
-            logits, attn = self._step_in_kernel(
-                in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel
+            width = vocab if output_in_kernel is None else output_columns.columns.numel()
+            logits = _kept_logits(incremental_state, rows, width)
+            attn = self._step_in_kernel(
+                in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel, logits
             )
             return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
@@ -260,10 +262,12 @@ class MixedStepTransformerDecoder(nn.Module):
         encoder_out: dict[str, Any],
         need_attn: bool,
         output: transformer_layers.Product | None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """The step in one call of our kernels (beamplugin.kernels.transformer_layers): the logits
-        ``[rows, vocab]`` (of ``output``'s columns, if given) and, if ``need_attn``, the
-        alignment layer's cross-attention averaged over heads ``[rows, 1, src]``."""
+        logits: Tensor,
+    ) -> Tensor | None:
+        """The step in one call of our kernels (beamplugin.kernels.transformer_layers), its logits
+        written into ``logits`` ``[rows, vocab]`` (of ``output``'s columns, if given); if
+        ``need_attn``, the alignment layer's cross-attention averaged over heads ``[rows, 1,
+        src]``."""
         views = encoder_out["attention_groups"]  # the same list while no sentence comes or goes
         cached = self._kernel_groups  # (read once: another thread's engine may replace it)
         if cached is None or cached[0] is not views:
@@ -277,10 +281,11 @@ class MixedStepTransformerDecoder(nn.Module):
             ]
             cached = self._kernel_groups = views, in_kernel.groups(groups)
         alignment_layer = self.alignment_layer if need_attn else None
-        logits, attn = in_kernel(
-            tokens, history.keys_values, history.sources, cached[1], alignment_layer, output
-        )
-        return logits, None if attn is None else attn.unsqueeze(1)
+        attn = in_kernel(
+            tokens, history.keys_values, history.sources, cached[1], alignment_layer, output,
+            logits,
+        )  # fmt: skip
+        return None if attn is None else attn.unsqueeze(1)
 
     def _layers(
         self,
@@ -344,6 +349,17 @@ class MixedStepTransformerDecoder(nn.Module):
         """Keep the rows ``new_order``; the last ``fresh_rows`` of them start afresh, which
         needs nothing (their history is padding, masked)."""
         self.history.reorder(incremental_state, new_order)
+
+
+def _kept_logits(state: dict[str, Any], rows: int, width: int) -> Tensor:
+    """Where a step writes its logits ``[rows, width]``: a buffer the incremental state keeps
+    from step to step (64 sentences' logits over 256k words are 328 MB, which a new tensor maps
+    and faults in again at every step). The logits, and the log-probs the engine makes of them
+    in place, are read within their step."""
+    buffer = state.get("logits")
+    if buffer is None or buffer.numel() < rows * width:
+        buffer = state["logits"] = torch.empty(rows * width)
+    return buffer[: rows * width].view(rows, width)
 
 
 def _decoder_layer(
