@@ -70,6 +70,21 @@ def test_equal_scores_and_nan_take_torchs_order():
     assert_topk(lprobs, torch.zeros(3, 5), 10)
 
 
+def test_torch_ranks_ties_a_few_sentences_at_a_time_as_all_at_once(monkeypatch):
+    """Where ties leave the order to torch.topk, it ranks a few sentences' sums at a time (not a
+    [64 x 5 x 256k] tensor): each sentence's ranking is the one it gets among all."""
+    g = torch.Generator().manual_seed(3)
+    lprobs = -torch.randint(0, 4, (13, 5, 3000), generator=g).float()  # many exact ties
+    lprobs[::4] = -math.inf  # sentences at their maximum length: only EOS lives
+    lprobs[::4, :, 2] = torch.randn(4, 5, generator=g)
+    scores = -torch.randint(0, 3, (13, 5), generator=g).float()
+    monkeypatch.setattr(candidates, "TORCH_RANKS_BYTES", 3 * 5 * 3000 * 4)  # 3 sentences
+    values, indices = candidates.torch_top_candidates(lprobs, scores, 10)
+    want_values, want_indices = expected(lprobs, scores, 10)
+    assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+    assert_topk(lprobs, scores, 10)  # the kernel leaves these ties to it
+
+
 def test_threads_change_nothing():
     lprobs = torch.randn(64, 5, 3992).log_softmax(-1)
     scores = torch.randn(64, 5)

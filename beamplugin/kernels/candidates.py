@@ -52,6 +52,26 @@ def trial(beams: int, vocab: int) -> Trial:
     return Trial(top_candidates, torchs, inputs)
 
 
+# the sums torch ranks at once, at most (a few sentences' at a large vocabulary): below glibc's
+# mmap threshold, so the heap serves them again without page faults (beamplugin.runtime.heap)
+TORCH_RANKS_BYTES = 16 << 20
+
+
+def torch_top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """What :func:`top_candidates` gives, ranked by ``torch.topk`` (its order among equal scores,
+    which fairseq's results follow), a few sentences at a time: each sentence's ranking is its
+    own, and 64 sentences' sums over 5 beams of 256k words would be a 328 MB tensor."""
+    sentences, beams, vocab = lprobs.shape
+    each = max(1, TORCH_RANKS_BYTES // (beams * vocab * lprobs.element_size()))
+    parts = [
+        torch.topk((lprobs[i : i + each] + scores[i : i + each].unsqueeze(2)).flatten(1), k)
+        for i in range(0, sentences, each)
+    ]
+    if len(parts) == 1:
+        return parts[0].values, parts[0].indices
+    return torch.cat([p.values for p in parts]), torch.cat([p.indices for p in parts])
+
+
 def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``torch.topk`` of ``lprobs + scores.unsqueeze(2)`` over each sentence's ``beams x vocab``
     (``lprobs`` ``[sentences, beams, vocab]``, words consecutive; ``scores`` ``[sentences,
@@ -80,7 +100,7 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
         threads_for(sentences * beams * vocab // 8),
     )
     if unsure:  # equal scores or NaN: torch's order, which fairseq's results follow
-        return torch.topk((lprobs + scores.unsqueeze(2)).view(sentences, -1), k)
+        return torch_top_candidates(lprobs, scores, k)
     return values, indices
 
 

@@ -54,7 +54,7 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         if step is not None:
             return BeamStep(*step)
         # equal scores or NaN: torch's order, which fairseq's results follow
-        cand_scores, flat = torch.topk((lprobs + scores.unsqueeze(2)).view(bsz, -1), k)
+        cand_scores, flat = candidates.torch_top_candidates(lprobs, scores, k)
     else:
         cand_scores, flat = top_candidates(lprobs, scores, k)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
