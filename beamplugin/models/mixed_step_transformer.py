@@ -34,8 +34,10 @@ from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width, least_width
 from beamplugin.modules.output_columns import OutputColumns
 from beamplugin.modules.self_attention_history import SelfAttentionHistory, Window
+from beamplugin.runtime import pages
 
 Memory = dict[str, Tensor | None]
+_FLOAT32 = torch.empty(0)  # the dtype and device of a step's logits on our kernels
 
 
 def mixed_step_view(model: nn.Module) -> tuple[nn.Module | None, str | None]:
@@ -354,11 +356,12 @@ class MixedStepTransformerDecoder(nn.Module):
 def _kept_logits(state: dict[str, Any], rows: int, width: int) -> Tensor:
     """Where a step writes its logits ``[rows, width]``: a buffer the incremental state keeps
     from step to step (64 sentences' logits over 256k words are 328 MB, which a new tensor maps
-    and faults in again at every step). The logits, and the log-probs the engine makes of them
-    in place, are read within their step."""
+    and faults in again at every step), a mapping of its own, given back with the state (not
+    left in the heap for what comes after the batch). The logits, and the log-probs the engine
+    makes of them in place, are read within their step."""
     buffer = state.get("logits")
     if buffer is None or buffer.numel() < rows * width:
-        buffer = state["logits"] = torch.empty(rows * width)
+        buffer = state["logits"] = pages.zeros((rows * width,), _FLOAT32)
     return buffer[: rows * width].view(rows, width)
 
 
