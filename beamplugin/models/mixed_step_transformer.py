@@ -207,8 +207,6 @@ class MixedStepTransformerDecoder(nn.Module):
         self.history = SelfAttentionHistory(len(decoder.layers), self.heads, self.head_dim)
         layers = range(len(decoder.layers))  # the memory's names of each layer's keys, values
         self.memory_names = [f"keys{i}" for i in layers], [f"values{i}" for i in layers]
-        # the memory views of the last step and the C step's table of them
-        self._kernel_groups: tuple[list, transformer_layers.Groups] | None = None
 
     def forward(
         self,
@@ -236,8 +234,9 @@ class MixedStepTransformerDecoder(nn.Module):
             width = vocab if output_in_kernel is None else output_columns.columns.numel()
             logits = _kept_logits(incremental_state, rows, width)
             attn = self._step_in_kernel(
-                in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel, logits
-            )
+                in_kernel, tokens, history, encoder_out, need_attn, output_in_kernel, logits,
+                incremental_state,
+            )  # fmt: skip
             return logits.unsqueeze(1), {"attn": [attn], "inner_states": None}
         x = self._embed(tokens)  # rows x embed
         history = self.history.advance(incremental_state, rows, steps, x)
@@ -265,13 +264,16 @@ class MixedStepTransformerDecoder(nn.Module):
         need_attn: bool,
         output: transformer_layers.Product | None,
         logits: Tensor,
+        state: dict[str, Any],
     ) -> Tensor | None:
         """The step in one call of our kernels (beamplugin.kernels.transformer_layers), its logits
         written into ``logits`` ``[rows, vocab]`` (of ``output``'s columns, if given); if
         ``need_attn``, the alignment layer's cross-attention averaged over heads ``[rows, 1,
-        src]``."""
+        src]``. The C step's table of the memory views is kept in the batch's incremental
+        ``state``, so it goes with the batch (the views hold every sentence's memory: 200 MB at
+        NLLB-600M size and 64 sentences, alive until the next batch replaced them)."""
         views = encoder_out["attention_groups"]  # the same list while no sentence comes or goes
-        cached = self._kernel_groups  # (read once: another thread's engine may replace it)
+        cached = state.get("kernel_groups")
         if cached is None or cached[0] is not views:
             keys, values = self.memory_names
             groups = [
@@ -281,7 +283,7 @@ class MixedStepTransformerDecoder(nn.Module):
                 )  # fmt: skip
                 for memory, group_rows in views
             ]
-            cached = self._kernel_groups = views, in_kernel.groups(groups)
+            cached = state["kernel_groups"] = views, in_kernel.groups(groups)
         alignment_layer = self.alignment_layer if need_attn else None
         attn = in_kernel(
             tokens, history.keys_values, history.sources, cached[1], alignment_layer, output,
