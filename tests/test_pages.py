@@ -7,6 +7,7 @@ import struct
 
 import torch
 
+from beamplugin.modules.attention import attention_memory_pool
 from beamplugin.modules.self_attention_history import SelfAttentionHistory
 from beamplugin.runtime import pages
 from beamplugin.runtime.pages import FileMappings, page_out
@@ -95,3 +96,26 @@ def test_a_history_holds_the_fewest_pages_its_steps_need_decode_after_decode():
         runs = 2 * layers * buffer.size(1) * heads
         assert resident_pages(buffer) <= most * runs
         del state
+
+
+def test_a_memory_pool_grown_for_more_sentences_holds_memory_for_those_written_alone():
+    """A pool grows to twice the sentences it holds (room to admit more without copying each
+    time); the slots not yet written take no memory: its keys and values are zeros that take
+    pages only where written."""
+    embed, width = 256, 512  # 512 KB a sentence's keys, as much its values
+
+    def encoded(sentences: int) -> dict:
+        values = torch.ones(sentences, width, embed)
+        memory = {"keys": values.transpose(1, 2).contiguous(), "values": values,
+                  "bias": None, "scale": torch.ones(sentences, 1, 1)}  # fmt: skip
+        return {"attention_memory": memory}
+
+    pool = attention_memory_pool(embed)
+    pool.write(0, encoded(2), slice(0, 2), width)
+    pool.write(2, encoded(3), slice(0, 3), width)  # grown to 10 slots, 5 of them written
+    keys, values = pool.memory["keys"], pool.memory["values"]
+    assert keys.size(0) == values.size(0) == 10
+    written = 5 * width * embed * 4 // mmap.PAGESIZE  # 640 pages of each
+    for tensor in (keys, values):
+        assert written <= resident_pages(tensor) <= written + 2
+        assert tensor[:5].eq(1).all() and not tensor[5:].any()

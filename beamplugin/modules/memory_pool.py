@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from beamplugin.runtime import pages
 from beamplugin.runtime.host_transfer import to_device
 
 Memory = dict[str, Tensor | None]
@@ -150,7 +151,11 @@ class MemoryPool:
             else:
                 shape = list(tensor.shape)
                 shape[0], shape[spec.width_dim] = capacity, width
-                new = tensor.new_full(shape, spec.padding)
+                # zeros take memory only where written: the room to grow costs none until used
+                if spec.padding == 0:
+                    new = pages.zeros(shape, tensor)
+                else:
+                    new = tensor.new_full(shape, spec.padding)
                 before = (slice(None, live), *[slice(None)] * (spec.width_dim - 1))
                 source = tensor.size(spec.width_dim)
                 new[(*before, slice(width - kept, None))] = tensor[
