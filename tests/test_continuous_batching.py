@@ -9,11 +9,14 @@ different lengths, so they finish at very different steps and slots really refil
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import math
 import random
 import threading
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -274,6 +277,73 @@ def test_a_window_is_grouped_at_once_and_each_group_encoded_when_its_first_joins
     assert_same(expected, out)
     assert [count for count, _ in forwards] == [6, 6]
     assert forwards[0][1] == 0 and forwards[1][1] > 0
+
+
+@pytest.mark.parametrize("arch", ["transformer", "convs2s"])
+def test_a_groups_encoder_output_is_freed_once_written_without_the_collector(
+    vocab, models, arch, monkeypatch
+):
+    """Once its sentences are written into the memory pools, a group's encoder output is freed
+    at once: a group's list and its requests form a cycle, which had kept every output until
+    the garbage collector ran. With the collector off, at every step no encoder output is alive
+    but those the pools hold (a new batch's pool is a view of its output) and those of
+    sentences still waiting."""
+    g = torch.Generator().manual_seed(7)
+    sentences = [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for n in [3, 2, 3, 3, 2, 3] + [30] * 6
+    ]
+    gen = SequenceGenerator([models[arch][0]], vocab, beam_size=4, max_len_b=12)
+    outputs: list[list[weakref.ref]] = []  # per encoder forward, its tensors
+    encode, decode_step = gen.model.encode, gen.model.decode_step
+
+    def recorded(net_input):
+        outs = encode(net_input)
+        outputs.append([weakref.ref(t) for t in _tensors(outs)])
+        return outs
+
+    held_beyond: list[int] = []
+    engines: list[DecodingEngine] = []
+    of = DecodingEngine.of
+    monkeypatch.setattr(
+        DecodingEngine, "of", lambda *a, **k: engines.append(of(*a, **k)) or engines[-1]
+    )
+
+    def checked(*args):
+        engine = engines[-1]
+        pooled = {t.untyped_storage().data_ptr() for t in _tensors(engine.slots.memories)}
+        waiting = {t.untyped_storage().data_ptr() for w in engine.scheduler.waiting
+                   if w.encoded is not None for t in _tensors(w.encoded.outs)}  # fmt: skip
+        alive = [r() for forward in outputs for r in forward if r() is not None]
+        held_beyond.append(sum(
+            t.untyped_storage().data_ptr() not in pooled | waiting for t in alive
+        ))  # fmt: skip
+        return decode_step(*args)
+
+    gen.model.encode, gen.model.decode_step = recorded, checked
+    gc.collect()
+    gc.disable()
+    try:
+        out, engine = stream(gen, sentences, list(range(12)), max_sentences=4)
+    finally:
+        gc.enable()
+    assert len(out) == 12 and engine.refills > 0 and len(outputs) == 2
+    assert held_beyond and not any(held_beyond)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in nested dicts, lists, tuples and objects' attributes of ``value``."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+    elif hasattr(value, "__dict__"):
+        yield from _tensors(vars(value))
 
 
 def test_sentences_arriving_one_by_one_wait_a_little_to_be_encoded_together(

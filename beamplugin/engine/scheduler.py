@@ -52,6 +52,13 @@ class Waiting:
     group: list[Waiting] | None = None  # the requests it is to be encoded with, once planned
     encoded: Encoded | None = None
 
+    def release(self) -> None:
+        """Once admitted, let go of its encoder output (the memory pools hold what the decoder
+        reads) and of its group: the group's list and its members form a reference cycle, which
+        held every group's encoder output until the garbage collector ran (100 MB at big size,
+        64 sentences)."""
+        self.encoded = self.group = None
+
 
 class Admission(NamedTuple):
     """What the scheduler admits at once: requests in their order, and the groups of requests
