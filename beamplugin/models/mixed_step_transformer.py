@@ -167,9 +167,11 @@ class PooledTransformerEncoder(nn.Module):
         -inf at padding."""
         width, src, layers = x.size(0) // sentences, bias.size(3), self.layers
         projected = weights.memory(x).view(sentences, width, layers, 2, self.heads, self.head_dim)
-        keys = x.new_empty(layers, sentences, self.heads, self.head_dim, src)
+        # mappings of their own: given back whole once the pool has copied them (from the heap
+        # they would leave holes that the heap keeps)
+        keys = pages.zeros((layers, sentences, self.heads, self.head_dim, src), x)
         keys[..., src - width :] = projected[:, :, :, 0].permute(2, 0, 3, 4, 1)
-        values = x.new_empty(layers, sentences, self.heads, src, self.head_dim)
+        values = pages.zeros((layers, sentences, self.heads, src, self.head_dim), x)
         values[:, :, :, src - width :] = projected[:, :, :, 1].permute(2, 0, 3, 1, 4)
         padding = bias.view(1, sentences, 1, src).isinf()  # the lanes before too: all zeroed
         keys.masked_fill_(padding.unsqueeze(3), 0.0)
