@@ -261,10 +261,13 @@ class Slots:
         key = (sentences, one_row)
         if key not in self._layouts:
             multi = sentences - one_row
-            counts = torch.tensor([self.beam] * multi + [1] * one_row)
-            first = torch.cumsum(counts, 0) - counts
-            each_row = torch.arange(sentences).repeat_interleave(counts)
-            self._layouts[key] = to_device(first, self.device), to_device(each_row, self.device)
+            counts = [self.beam] * multi + [1] * one_row
+            first = [0, *itertools.accumulate(counts)][:-1]
+            each_row = [s for s, count in enumerate(counts) for _ in range(count)]
+            # made on the host and copied in one: a new shape comes with most retirements,
+            # where on a GPU each small tensor operation costs more than its arithmetic
+            both = to_device(first + each_row, self.device, torch.long)
+            self._layouts[key] = both[:sentences], both[sentences:]
         return self._layouts[key]
 
     def steps_on_device(self) -> Tensor:

@@ -26,9 +26,11 @@ def to_device(
     device: torch.device,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
-    """``values`` (a host list or tensor) on ``device``, without waiting for the device: from
-    pinned memory, the copy is queued behind the kernels already launched."""
+    """``values`` (a host list or tensor) on ``device``, without waiting for the device: CUDA
+    copies the few bytes of pageable memory into a staging buffer of its own before the call
+    returns and queues the copy behind the kernels already launched. (Pinning each small list
+    first cost more host time than it saved: docs/benchmarks.md, 2026-11-27 on an H100.)"""
     host = values if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device, non_blocking=True)
