@@ -45,6 +45,10 @@ every system slower with 2 threads than with 1 (docs/benchmarks.md, 2026-11-25).
 runs the systems in a shuffled order; the median over rounds is printed, with the CPU's model
 name and flags. CTranslate2 is a benchmark-only dependency: ``pip install -e '.[bench]'``.
 
+On a GPU (``--device cuda``, ``--precision float32|fp16|bf16``) fairseq's generator and ours
+(streamed and ``generate``) decode the same weights cast to that precision on the device;
+CTranslate2 and ``--int8`` are left out (the CTranslate2 we pin is timed on the CPU).
+
 Each worker inherits the environment: ``BEAMPLUGIN_ISA=avx2`` pins our AVX2 kernels,
 ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` holds torch's (fairseq's) to AVX2 and
 ``CT2_FORCE_CPU_ISA=AVX2`` CTranslate2's, as on a CPU without AVX-512.
@@ -106,6 +110,12 @@ def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
     parser.add_argument("--vocabulary-map", type=Path,
                         help="a vocabulary map (CTranslate2's format): adds the systems "
                         f"{', '.join(SHORTLISTED)}, which decode on each sentence's shortlist")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda: on cuda fairseq's and our float systems alone "
+                        "(CTranslate2 is installed for the CPU; --int8 is the CPU's)")
+    parser.add_argument("--precision", choices=["float32", "fp16", "bf16"], default="float32",
+                        help="the dtype fairseq's and our models decode in ('ours int8' "
+                        "multiplies in int8 on float32 models)")
 
 
 def parse_args() -> argparse.Namespace:
@@ -222,8 +232,11 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
     if convolutional(model):  # fairseq's fconv against our convs2s, the same weights
         fconv, convs2s, _ = checkpoint_models(args.path, args.data)
         model = prepare(fconv, BEAM) if args.worker == "fairseq" else convs2s
-    if args.worker in ("ours int8", "ours int8 vmap"):
-        cast_for_decoding([model], "int8")
+    device = torch.device(job["device"])
+    model.to(device)
+    precision = "int8" if "int8" in args.worker else job["precision"]
+    if precision != "float32":
+        cast_for_decoding([model], precision)
     options: dict[str, Any] = dict(beam_size=BEAM, max_len_a=0, max_len_b=job["max_len_b"])
     if args.worker.endswith("vmap"):  # the shortlist as task beam_translation reads it
         target = task.target_dictionary
@@ -238,7 +251,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
     generator = kind([model], task.target_dictionary, **options)
     loaded = time.perf_counter() - started
     pad, batch = task.source_dictionary.pad(), job["batch"]
-    sources = [torch.tensor(s) for s in job["sources"]]
+    sources = [torch.tensor(s, device=device) for s in job["sources"]]
 
     def streamed() -> list[list[int]]:
         results = translate(generator, sources, max_sentences=batch, ordered=True)
@@ -249,10 +262,10 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
         for first in range(0, len(sources), batch):
             group = sources[first : first + batch]
             width = max(len(s) for s in group)
-            tokens = torch.full((len(group), width), pad, dtype=torch.long)
+            tokens = torch.full((len(group), width), pad, dtype=torch.long, device=device)
             for row, s in enumerate(group):
                 tokens[row, width - len(s) :] = s
-            lengths = torch.tensor([len(s) for s in group])
+            lengths = torch.tensor([len(s) for s in group], device=device)
             sample = {"net_input": {"src_tokens": tokens, "src_lengths": lengths}}
             with torch.inference_mode():
                 out = generator.generate([model], sample)
@@ -283,6 +296,9 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
 
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 
+    if options.device == "cpu" and options.precision != "float32":
+        raise SystemExit("--precision: fp16 and bf16 are timed on a GPU (--device cuda); on the "
+                         "CPU 'ours int8' is the reduced precision timed")
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data}
     )
@@ -317,9 +333,12 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
             systems += SHORTLISTED[:2]
         # at real sizes a round takes minutes a system: the ones asked for, fairseq always
         systems = [s for s in systems if s in options.systems or s == "fairseq"]
+        where = cpu_description()
+        if options.device != "cpu":  # fairseq's and our float systems in the asked precision
+            systems = [s for s in systems if s in ("fairseq", "ours", "ours generate")]
+            where = f"{torch.cuda.get_device_name(options.device)} ({options.precision}); {where}"
         print(f"# {path}; beam {BEAM}, max_len_a 0, max_len_b {options.max_len_b}; "
-              f"{cpu_description()}; torch {torch.__version__}; "
-              "each timing in a process of its own")
+              f"{where}; torch {torch.__version__}; each timing in a process of its own")
         rng = random.Random(1)
         for threads in options.threads:
             for batch in options.batch_sizes:
@@ -329,6 +348,7 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
                     "threads": threads, "batch": batch, "sources": sources[:count], "ct2": ct2,
                     "words": [[dictionary[t] for t in s if t != eos] for s in sources[:count]],
                     "max_len_b": options.max_len_b,
+                    "device": options.device, "precision": options.precision,
                     "vocabulary_map": str(options.vocabulary_map or ""),
                 }), encoding="utf-8")  # fmt: skip
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}

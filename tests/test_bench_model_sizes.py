@@ -93,3 +93,12 @@ def test_ctranslate2_converts_and_decodes_as_many_steps_as_fairseq(tmp_path):
                 if ct2 == ours and len(ours) == MAX_LEN_B + 1]  # fmt: skip
     assert at_limit, "no sentence where both decoded the same to the limit: nothing compared"
     assert at_limit == [MAX_LEN_B + 1] * len(at_limit)
+
+
+def test_half_precisions_are_refused_on_the_cpu_before_anything_is_loaded(tmp_path):
+    parser = bench_transformer.checkpoint_parser("x")
+    bench_transformer.timing_options(parser, MAX_LEN_B)
+    parsed = parser.parse_args(["--path", "none", "--data", "none", "--precision", "fp16"])
+    # nothing at "none": a check after loading would fail on the missing checkpoint instead
+    with pytest.raises(SystemExit, match="--device cuda"):
+        bench_transformer.measure(str(tmp_path / "none.pt"), str(tmp_path), parsed)
