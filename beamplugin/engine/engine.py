@@ -28,6 +28,7 @@ from beamplugin.engine.model_runner import ModelRunner, Pending
 from beamplugin.engine.requests import Finished, Request
 from beamplugin.engine.scheduler import Scheduler, Waiting
 from beamplugin.engine.slots import Sentence, Slots
+from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.runtime.heap import keep_freed_memory
 from beamplugin.search.beam_step import BeamStep, step_laid_out
 from beamplugin.search.log_prob_rules import LogProbRules
@@ -57,6 +58,7 @@ class DecodingEngine:
         bos_token: int | None = None,
     ) -> None:
         keep_freed_memory()  # steps allocate the same sizes again and again
+        freeze_startup_objects()  # and make objects enough for full collections
         self.options = options
         self.scheduler = Scheduler(model, options, max_sentences, max_tokens)
         self.slots = Slots(model, options)

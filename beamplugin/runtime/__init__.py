@@ -1,1 +1,2 @@
-"""Below everything: moving tensors between the host and the device, and the process heap."""
+"""Below everything: moving tensors between the host and the device, the process heap and
+the garbage collector."""
