@@ -22,7 +22,6 @@ The first one failing to start raises its error in the parent.
 
 from __future__ import annotations
 
-import gc
 import logging
 import multiprocessing
 import pickle
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
 from beamplugin.streams import (
@@ -320,11 +320,9 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
     except BaseException as error:
         conn.send(("failed", _picklable(error)))
         return
-    # Everything alive now lives as long as the process: out of the cyclic garbage collector's
-    # reach, its full collections walk only what decoding makes, not the whole of fairseq, torch
-    # and the model, during which no sentence in flight advances (docs/speed.md).
-    gc.collect()
-    gc.freeze()
+    # Everything alive now lives as long as the process (the engine would do this at its first
+    # step; before the first request, no sentence waits for the collection it starts with).
+    freeze_startup_objects()
     conn.send(("ready", settings))
     relay(stream, conn, decoding_device(cfg))
 
