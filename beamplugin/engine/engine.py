@@ -58,7 +58,7 @@ class DecodingEngine:
         bos_token: int | None = None,
     ) -> None:
         keep_freed_memory()  # steps allocate the same sizes again and again
-        freeze_startup_objects()  # and make objects enough for full collections
+        freeze_startup_objects()  # full collections then skip what was loaded before
         self.options = options
         self.scheduler = Scheduler(model, options, max_sentences, max_tokens)
         self.slots = Slots(model, options)

@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
 from beamplugin.streams import (
@@ -320,9 +319,6 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
     except BaseException as error:
         conn.send(("failed", _picklable(error)))
         return
-    # Everything alive now lives as long as the process (the engine would do this at its first
-    # step; before the first request, no sentence waits for the collection it starts with).
-    freeze_startup_objects()
     conn.send(("ready", settings))
     relay(stream, conn, decoding_device(cfg))
 
