@@ -7,7 +7,14 @@ The layers, from the bottom: runtime, modules and models, search, engine, stream
 fairseq plugin, serving, corpus (docs/architecture.md).
 """
 
-from beamplugin.fairseq_plugin import checkpoint_safety, mapped_checkpoints
+from beamplugin.runtime.lean_fairseq_import import import_fairseq
+
+import_fairseq()  # before any module of ours imports it: without scikit-learn and SciPy
+
+from beamplugin.fairseq_plugin import (  # noqa: E402
+    checkpoint_safety,
+    mapped_checkpoints,
+)
 
 checkpoint_safety.install()
 mapped_checkpoints.install()

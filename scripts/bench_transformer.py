@@ -212,12 +212,16 @@ def ct2_decoding_length(max_len_b: int) -> int:
 def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, float]:
     """fairseq's or our decode of the job's sentences (as ``args.worker`` names), and the seconds
     from loading the checkpoint to the generator built."""
+    if args.worker == "fairseq":  # first, as fairseq-generate imports it (scikit-learn too)
+        import fairseq  # noqa: F401
+    import beamplugin  # noqa: F401  (as our entry points import fairseq: no scikit-learn)
+
+    # isort: split
     import torch
     from bench_generate import checkpoint_models, prepare
     from fairseq import checkpoint_utils
     from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
-    import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
     from beamplugin import SequenceGenerator
     from beamplugin.fairseq_plugin.precision import cast_for_decoding
     from beamplugin.search.vocabulary_map import VocabularyMap
