@@ -332,6 +332,44 @@ def test_a_groups_encoder_output_is_freed_once_written_without_the_collector(
     assert held_beyond and not any(held_beyond)
 
 
+@pytest.mark.parametrize("arch", ["transformer", "convs2s"])
+def test_once_the_last_sentence_leaves_the_engine_holds_nothing_of_its_batch(vocab, models, arch):
+    """When no sentence is in flight, the engine lets go of the batch: its encoder outputs (the
+    pools' memory), the decoder's incremental state, and for the transformer its history
+    buffers, back in their pool for the next batch. Before, they stayed until the next batch's
+    first step, beside its encoding (base size, 64 sentences: 87 MiB of the peak)."""
+    g = torch.Generator().manual_seed(8)
+    sentences = [
+        torch.cat([torch.randint(vocab.nspecial, len(vocab), (n,), generator=g),
+                   torch.tensor([vocab.eos()])])
+        for n in [3, 5, 4, 9, 7, 8]
+    ]
+    model = models[arch][0]
+    gen = SequenceGenerator([model], vocab, beam_size=4, max_len_b=12)
+    outputs: list[weakref.ref] = []
+    encode = gen.model.encode
+
+    def recorded(net_input):
+        encoded = encode(net_input)
+        outputs.extend(weakref.ref(t) for t in _tensors(encoded))
+        return encoded
+
+    gen.model.encode = recorded
+    gc.collect()
+    gc.disable()
+    try:
+        out, engine = stream(gen, sentences, list(range(6)), max_sentences=3)
+        alive = [r() for r in outputs if r() is not None]
+    finally:
+        gc.enable()
+    assert len(out) == 6 and outputs
+    assert alive == [] and engine.runner.states == []
+    assert all(pool.memory == {} for pool in engine.slots.memories)
+    if arch == "transformer":
+        history = gen.model.models[0].decoder.history
+        assert history.buffers._free  # given back, to be lent again
+
+
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
     """The tensors in nested dicts, lists, tuples and objects' attributes of ``value``."""
     if isinstance(value, torch.Tensor):

@@ -167,6 +167,8 @@ class DecodingEngine:
         ]
         order = self.slots.free(done)
         self._pending = Pending(res, attn, order) if self.live else None
+        if not self.live:
+            self.runner.release()
         return finished
 
     def _with_cancelled(self, done: list[bool] | None) -> list[bool]:

@@ -38,7 +38,8 @@ class EncoderMemory(Protocol):
         last ones, sources are left-padded) at slots ``first_slot`` on."""
 
     def rearrange(self, order: list[int]) -> None:
-        """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
+        """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``; none:
+        let all of the memory go."""
 
     def view(self, groups: list[tuple[int, int]]) -> Any:
         """The encoder output the decoder reads this step: the slots from the first on, in
@@ -91,6 +92,9 @@ class ReorderedMemory:
             self.out = self._select(torch.arange(rows.stop, device=_device_of(encoder_out)), 1)
 
     def rearrange(self, order: list[int]) -> None:
+        if not order:  # the batch is done: its encoder output goes
+            self.out = None
+            return
         self.out = self._select(to_device(order, _device_of(self.out)), self.rows_per_sentence)
 
     def _select(self, sentences: Tensor, rows_before: int) -> Any:

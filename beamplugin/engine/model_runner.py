@@ -118,6 +118,13 @@ class ModelRunner:
         self.scores = scores
         self.model.reorder_states(self.reorderers, self.states, rows, fresh_rows)
 
+    def release(self) -> None:
+        """Let go of the rows' state once no sentence is in flight: the decoders' incremental
+        states (their history buffers go back to the pool for the next batch, their views of
+        the encoder memory free it) are not held beside the next admission's encoding."""
+        self.states = []
+        self.tokens = self.cumulative = self.attention = self.scores = None
+
     def first_tokens(
         self, sentences: list[Sentence], rows_each: int, device: torch.device | None
     ) -> Tensor:

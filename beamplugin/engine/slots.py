@@ -186,9 +186,9 @@ class Slots:
             self._memory_views = self._columns = None
             self.live = [self.live[old] for old in order]
             self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
+            for memory in self.memories:  # all of them leaving: the memories let go
+                memory.rearrange(order)
             if self.live:
-                for memory in self.memories:
-                    memory.rearrange(order)
                 order_dev = to_device(order, self.device)
                 for name, tensor in self.per_sentence.items():
                     self.per_sentence[name] = tensor.index_select(0, order_dev)

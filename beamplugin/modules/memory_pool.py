@@ -166,6 +166,9 @@ class MemoryPool:
     def rearrange(self, order: list[int]) -> None:
         """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
         self._views.clear()
+        if not order:  # the last sentences left: nothing kept beside the next batch's encoding
+            self.memory, self.widths = {}, []
+            return
         moved = [(slot, old) for slot, old in enumerate(order) if slot != old]
         self.widths = [self.widths[old] for old in order]
         if moved:
