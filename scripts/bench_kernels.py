@@ -37,6 +37,7 @@ from beamplugin.kernels import (
     float_attention,
     float_products,
     instruction_sets,
+    int8_products,
     native_library,
 )
 from beamplugin.modules import linear
@@ -93,7 +94,10 @@ def product_rows(shapes: list[tuple[int, int]]) -> list[dict]:
     for out, inner in shapes:
         weight = torch.randn(out, inner)
         ours, theirs = float_products.pack(weight), linear._onednn_pack(weight, None)
-        int8 = linear.pack_int8(weight, None)
+        plain = linear.quantize_int8(weight, None)  # torch's int8 path's weight
+        int8 = None  # ours: the same values in our kernel's panels
+        if int8_products.available():
+            int8 = plain._replace(values=None, panels=int8_products.pack(plain.values))
         for count in ROWS:
             x = torch.randn(count, inner)
             flops = 2 * count * out * inner
@@ -102,8 +106,7 @@ def product_rows(shapes: list[tuple[int, int]]) -> list[dict]:
                 ours=fastest(partial(float_products.product, x, ours, None)),
                 torch=fastest(partial(linear.packed_product, x, theirs, None)),
             ))  # fmt: skip
-            if int8.panels is not None:
-                plain = int8._replace(panels=None)
+            if int8 is not None:
                 rows.append(dict(
                     kernel="int8", shape=f"{out}x{inner}", rows=count, flops=flops,
                     ours=fastest(partial(linear.int8_linear, x, int8)),

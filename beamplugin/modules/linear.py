@@ -117,9 +117,27 @@ class Int8Weight(NamedTuple):
 def pack_int8(
     weight: Tensor, bias: Tensor | None, read: Callable[[Tensor], object] | None = None
 ) -> Int8Weight:
+    """``weight`` quantized (:func:`quantize_int8`), in our kernel's panels where it runs (the
+    plain values then dropped), else as plain values for torch's int8 path."""
+    int8 = quantize_int8(weight, bias, read)
+    # torch's path only where it sums these weights exactly (then the same bits as ours)
+    if int8_products.available() and (
+        not torchs_int8_is_exact(int8_weight_levels())
+        or trials.ours_is_faster(
+            "int8_products", tuple(int8.values.shape), lambda: _int8_trial(int8)
+        )
+    ):
+        int8 = int8._replace(values=None, panels=int8_products.pack(int8.values))
+    return int8
+
+
+def quantize_int8(
+    weight: Tensor, bias: Tensor | None, read: Callable[[Tensor], object] | None = None
+) -> Int8Weight:
     """``weight`` quantized to int8 per output channel, symmetric: scale max |w| /
-    :func:`int8_weight_levels`, values rounded to the nearest integer. ``read``, if given, is
-    called with each block of ``weight``'s rows once quantized (to hand its pages back)."""
+    :func:`int8_weight_levels`, values rounded to the nearest integer (torch's int8 path's
+    weight). ``read``, if given, is called with each block of ``weight``'s rows once quantized
+    (to hand its pages back)."""
     levels = int8_weight_levels()
     w = weight.detach().float()
     scales = w.new_empty(w.size(0))
@@ -134,14 +152,7 @@ def pack_int8(
         if read is not None:
             read(rows)
     bias = None if bias is None else bias.detach().float()
-    int8 = Int8Weight(values, scales, bias)
-    # torch's path only where it sums these weights exactly (then the same bits as ours)
-    if int8_products.available() and (
-        not torchs_int8_is_exact(levels)
-        or trials.ours_is_faster("int8_products", tuple(values.shape), lambda: _int8_trial(int8))
-    ):
-        int8 = int8._replace(values=None, panels=int8_products.pack(values))
-    return int8
+    return Int8Weight(values, scales, bias)
 
 
 def _int8_trial(torchs: Int8Weight) -> Trial:

@@ -1,0 +1,26 @@
+"""scripts/bench_kernels.py, the first table of `make bench`, runs on this CPU: for each
+instruction set it runs, a row per shape and row count for our float32 products, and as many
+for our int8 kernel against torch's int8 path wherever ours is built for the set."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
+
+
+def test_the_kernel_table_has_a_products_and_an_int8_row_for_each_shape_and_set():
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--threads", "1", "--kernels", "products", "int8",
+         "--shapes", "64x96"],
+        capture_output=True, text=True, check=True, timeout=300,
+    ).stdout  # fmt: skip
+    sets = dict(re.findall(r"^# (\w+): our kernels \w+, int8 (\w+);", out, re.M))
+    assert sets
+    for name, int8 in sets.items():
+        kernels = re.findall(rf"^(\w+)\s+64x96\s+\d+\s+{name}\s", out, re.M)
+        assert kernels.count("products") > 0
+        assert kernels.count("int8") == (0 if int8 == "none" else kernels.count("products"))
