@@ -186,7 +186,7 @@ class Slots:
             self._memory_views = self._columns = None
             self.live = [self.live[old] for old in order]
             self.tokens_in_flight = sum(self.beam * s.width for s in self.live)
-            for memory in self.memories:  # all of them leaving: the memories let go
+            for memory in self.memories:  # none staying: the memories let go of all
                 memory.rearrange(order)
             if self.live:
                 order_dev = to_device(order, self.device)

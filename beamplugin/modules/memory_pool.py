@@ -164,7 +164,8 @@ class MemoryPool:
             self.memory[name] = new
 
     def rearrange(self, order: list[int]) -> None:
-        """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``."""
+        """Keep the sentences of slots ``order``, now at slots ``0 .. len(order) - 1``; none:
+        let go of the whole memory."""
         self._views.clear()
         if not order:  # the last sentences left: nothing kept beside the next batch's encoding
             self.memory, self.widths = {}, []
