@@ -97,7 +97,7 @@ def product_rows(shapes: list[tuple[int, int]]) -> list[dict]:
         plain = linear.quantize_int8(weight, None)  # torch's int8 path's weight
         int8 = None  # ours: the same values in our kernel's panels
         if int8_products.available():
-            int8 = plain._replace(values=None, panels=int8_products.pack(plain.values))
+            int8 = linear.in_panels(plain)
         for count in ROWS:
             x = torch.randn(count, inner)
             flops = 2 * count * out * inner

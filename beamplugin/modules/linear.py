@@ -127,8 +127,14 @@ def pack_int8(
             "int8_products", tuple(int8.values.shape), lambda: _int8_trial(int8)
         )
     ):
-        int8 = int8._replace(values=None, panels=int8_products.pack(int8.values))
+        int8 = in_panels(int8)
     return int8
+
+
+def in_panels(plain: Int8Weight) -> Int8Weight:
+    """A :func:`quantize_int8` weight's values packed for our int8 kernel, the plain ones not
+    kept."""
+    return plain._replace(values=None, panels=int8_products.pack(plain.values))
 
 
 def quantize_int8(
@@ -157,7 +163,7 @@ def quantize_int8(
 
 def _int8_trial(torchs: Int8Weight) -> Trial:
     """Our int8 kernel against torch's int8 path at a weight's shape (the same bits)."""
-    ours = torchs._replace(panels=int8_products.pack(torchs.values))
+    ours = in_panels(torchs)
     inputs = [(torch.randn(rows, torchs.values.size(1)),) for rows in TRIAL_ROWS]
     return Trial(lambda x: int8_linear(x, ours), lambda x: int8_linear(x, torchs), inputs)
 
