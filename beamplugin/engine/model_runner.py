@@ -50,20 +50,7 @@ class ModelRunner:
 
     def encode(self, groups: list[list[Waiting]]) -> None:
         """Encode each group of requests in one forward; each request learns its rows."""
-        options = self.options
-        for group in groups:
-            requests = [w.request for w in group]
-            net_input = {
-                "src_tokens": stack_padded(
-                    [r.src_tokens for r in requests], options.pad, left=True
-                ),
-                "src_lengths": torch.cat([r.source_lengths(options) for r in requests]),
-            }
-            outs = self.model.encode(net_input)
-            row = 0
-            for item in group:
-                item.encoded = Encoded(outs, slice(row, row + len(item.request.keys)))
-                row += len(item.request.keys)
+        encode(self.model, self.options, groups)
 
     def advance(self, slots: Slots, pending: Pending | None) -> None:
         """Rows for this step: last step's hypotheses in their new beam order, the sentences
@@ -178,3 +165,19 @@ def fit_width(history: Tensor, width: int) -> Tensor:
     if src > width:
         return history[:, :, src - width :]
     return F.pad(history, (width - src, 0))
+
+
+def encode(model: EnsembleDecoder, options: DecodingOptions, groups: list[list[Waiting]]) -> None:
+    """Encode each group of requests in one forward (sources left-padded to the group's
+    widest); each request learns its rows of the output."""
+    for group in groups:
+        requests = [w.request for w in group]
+        net_input = {
+            "src_tokens": stack_padded([r.src_tokens for r in requests], options.pad, left=True),
+            "src_lengths": torch.cat([r.source_lengths(options) for r in requests]),
+        }
+        outs = model.encode(net_input)
+        row = 0
+        for item in group:
+            item.encoded = Encoded(outs, slice(row, row + len(item.request.keys)))
+            row += len(item.request.keys)

@@ -22,7 +22,7 @@ import torch
 from fairseq import utils
 from torch import Tensor
 
-from beamplugin.engine import DecodingEngine, Finished, Request
+from beamplugin.engine import Finished, Request, engine_for
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.runtime.host_transfer import to_device
 from beamplugin.search.nbest import Hypothesis
@@ -111,7 +111,7 @@ class GenerationStream:
         self.generator = generator
         self.prompts = prompts
         max_tokens = batches.max_tokens and batches.max_tokens * generator.beam_size
-        self.engine = DecodingEngine.of(generator, batches.max_sentences, max_tokens)
+        self.engine = engine_for(generator, batches.max_sentences, max_tokens)
         self.pad = generator.pad
         self.device = next(generator.model.parameters()).device
         self.results: dict[int, Finished] = {}

@@ -25,7 +25,7 @@ import torch
 from fairseq import search
 from torch import Tensor, nn
 
-from beamplugin.engine import DecodingEngine, Request
+from beamplugin.engine import Request, open_engine
 from beamplugin.engine.ensemble import EnsembleDecoder
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.search.options import DecodingOptions, LengthConstraints
@@ -64,8 +64,9 @@ class SequenceGenerator(nn.Module):
     ``stopping``, ``length_penalty_style``, ``print_alignment`` (``"hard"`` or ``"soft"``: like
     fairseq's ``SequenceGeneratorWithAlignment``), ``nbest`` (hypotheses returned per sentence,
     default ``beam_size``), ``attention`` (False: hypotheses without their attention, as
-    fairseq-generate needs them without ``--print-alignment``) and ``shortlist`` (a
-    :class:`~beamplugin.search.vocabulary_map.VocabularyMap`): see
+    fairseq-generate needs them without ``--print-alignment``), ``shortlist`` (a
+    :class:`~beamplugin.search.vocabulary_map.VocabularyMap`), ``device_engine`` and
+    ``cuda_graphs``: see
     :class:`~beamplugin.search.options.DecodingOptions`, which they become (``self.options``),
     validated once.
     """
@@ -97,6 +98,8 @@ class SequenceGenerator(nn.Module):
         nbest: int | None = None,
         attention: bool = True,
         shortlist: VocabularyMap | None = None,
+        device_engine: str = "auto",
+        cuda_graphs: bool = True,
     ) -> None:
         super().__init__()
         if nbest is not None and not 1 <= nbest <= beam_size:
@@ -132,6 +135,8 @@ class SequenceGenerator(nn.Module):
             print_alignment=print_alignment or None,
             attention=attention,
             shortlist=shortlist,
+            device_engine=device_engine,
+            cuda_graphs=cuda_graphs,
         )
         # fairseq's generator attributes, read by fairseq-generate and -interactive
         self.beam_size = self.options.beam_size
@@ -174,7 +179,7 @@ class SequenceGenerator(nn.Module):
             list(range(src_tokens.size(0))), src_tokens, net_input.get("src_lengths"), prefix_tokens
         )
         results: list[list[Hypothesis]] = [[] for _ in batch.keys]
-        engine = DecodingEngine(self.model, self.options, bos_token=bos_token)
+        engine = open_engine(self.model, self.options, bos_token=bos_token)
         # Inference mode skips autograd's version counting and views on every op: the search's
         # many small ops and the model's take less time than under no_grad (docs/speed.md).
         with torch.inference_mode():

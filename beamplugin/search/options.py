@@ -10,6 +10,7 @@ from beamplugin.search.vocabulary_map import VocabularyMap
 STOPPING_RULES = ("fairseq", "exact")
 LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 ALIGNMENT_KINDS = (None, "hard", "soft")
+DEVICE_ENGINE_CHOICES = ("auto", "on", "off")
 
 # (min_len_a, min_len_b, max_len_a, max_len_b): the per-sentence length bounds of fairseq's
 # LengthConstrainedBeamSearch, ``a * source length + b``
@@ -30,7 +31,9 @@ class DecodingOptions:
     generator (fairseq-generate and -interactive read it only to print alignments); without it
     a search keeps no attention history. ``shortlist``: each sentence may take only the tokens
     its source brings in through this map, its probabilities normalised over them (None: the
-    whole vocabulary).
+    whole vocabulary). ``device_engine``: the whole step on the device, in fixed rows
+    (beamplugin.engine.device_engine), "auto" on a GPU where it serves the model and options,
+    "on" also on the CPU, "off" never; ``cuda_graphs``: its steps replayed as CUDA graphs.
     """
 
     eos: int
@@ -55,6 +58,8 @@ class DecodingOptions:
     print_alignment: str | None = None
     attention: bool = True
     shortlist: VocabularyMap | None = None
+    device_engine: str = "auto"
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -75,6 +80,10 @@ class DecodingOptions:
             raise ValueError(
                 f"length_penalty_style must be one of {LENGTH_PENALTY_STYLES}, "
                 f"got {self.length_penalty_style!r}"
+            )
+        if self.device_engine not in DEVICE_ENGINE_CHOICES:
+            raise ValueError(
+                f"device_engine must be one of {DEVICE_ENGINE_CHOICES}, got {self.device_engine!r}"
             )
         if self.print_alignment not in ALIGNMENT_KINDS:
             raise ValueError(

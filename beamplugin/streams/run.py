@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from beamplugin.engine.device_engine import DeviceEngine
 from beamplugin.engine.engine import DecodingEngine
 from beamplugin.engine.requests import Finished, Request
 
@@ -66,7 +67,7 @@ class IteratorSource:
 
 
 def run(
-    engine: DecodingEngine, source: Source, observer: Observer | None = None
+    engine: DecodingEngine | DeviceEngine, source: Source, observer: Observer | None = None
 ) -> Iterator[Finished]:
     """Decode every request of ``source``; yields each sentence as soon as it is finished.
 

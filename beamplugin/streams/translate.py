@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from beamplugin.engine.engine import Decoder, DecodingEngine
+from beamplugin.engine.choice import engine_for
+from beamplugin.engine.engine import Decoder
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.streams.run import IteratorSource, run, sentence_request
 
@@ -27,7 +28,7 @@ def translate(
     Yields ``(index, hypotheses best first)``, or ``(index, error)`` for a sentence that cannot
     be decoded, as soon as each is finished; ``ordered``: in input order instead.
     """
-    engine = DecodingEngine.of(generator, max_sentences, max_tokens)
+    engine = engine_for(generator, max_sentences, max_tokens)
     requests = (sentence_request(i, tokens, None) for i, tokens in enumerate(sentences))
     with torch.inference_mode():
         results = ((f.key, f.error or f.hypotheses) for f in run(engine, IteratorSource(requests)))

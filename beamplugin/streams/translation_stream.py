@@ -14,7 +14,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from beamplugin.engine.engine import Decoder, DecodingEngine
+from beamplugin.engine.choice import engine_for
+from beamplugin.engine.engine import Decoder
 from beamplugin.engine.requests import Request
 from beamplugin.streams.run import Prompt, run, sentence_request
 
@@ -62,7 +63,7 @@ class TranslationStream:
         max_tokens: int | None = None,
         max_queued: int = 256,
     ) -> None:
-        self.engine = DecodingEngine.of(generator, max_sentences, max_tokens)
+        self.engine = engine_for(generator, max_sentences, max_tokens)
         self._queue: queue.Queue[Any] = queue.Queue(max_queued)
         self._closed = threading.Event()
         self._lock = threading.Lock()  # orders close() after every submit() that got in
