@@ -20,7 +20,7 @@ from precision_bounds import (
 )
 
 from beamplugin import SequenceGenerator
-from beamplugin.engine import DecodingEngine
+from beamplugin.engine import DecodingEngine, DeviceEngine, open_engine
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.streams import IteratorSource, run, sentence_request
 
@@ -153,3 +153,51 @@ def test_half_precision_on_cuda_against_fairseq_and_float32(vocab, arch, precisi
     as_fairseq = len(_same_best(fairseq, ours))
     assert as_fairseq >= MIN_SAME_AS_FAIRSEQ_SHARE[precision] * N_SENTENCES, as_fairseq
     assert max(abs(float(r["score"]) - float(o["score"])) for r, o in same) < SCORE_TOLERANCE
+
+
+def _identical(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(
+        x["tokens"].tolist() == y["tokens"].tolist()
+        and torch.equal(x["score"], y["score"])
+        and torch.equal(x["positional_scores"], y["positional_scores"])
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=5),
+                                     dict(beam_size=4, min_len=6)], ids=str)  # fmt: skip
+def test_device_engine_equals_fairseq_on_cuda(vocab, options, graphs):
+    model = BUILDERS["transformer"](vocab, 1).cuda()
+    sample = on_cuda(make_batch(vocab, 8, seed=3))
+    options = {"max_len_b": 20, **options}
+    ref = FairseqGenerator([model], vocab, **options).generate([model], sample)
+    gen = SequenceGenerator([model], vocab, attention=False, cuda_graphs=graphs, **options)
+    assert isinstance(open_engine(gen.model, gen.options), DeviceEngine)  # auto, on a GPU
+    for _ in range(3):  # eager, captured, replayed
+        assert_same(ref, gen.generate([model], sample), check_attention=False)
+
+
+@pytest.mark.parametrize("precision", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=str)  # fmt: skip
+def test_device_engine_alone_batched_streamed_and_graphs_bit_for_bit(vocab, precision):
+    """Each sentence alone (bucket 1), in a stream of capacity 3 (other buckets, sentences
+    joining and leaving, moved slots), with graphs and without: the same bits."""
+    model = BUILDERS["transformer"](vocab, 2, eos_boost=4.0).cuda().to(precision)
+    sample = make_batch(vocab, 13, seed=6)
+    sentences = [utils.strip_pad(r, vocab.pad()).cuda() for r in sample["net_input"]["src_tokens"]]
+    results = {}
+    for graphs in (False, True):
+        gen = SequenceGenerator([model], vocab, beam_size=2, max_len_a=1.0, max_len_b=10,
+                                attention=False, cuda_graphs=graphs)  # fmt: skip
+        with torch.inference_mode():
+            alone = [gen.generate([model], {"net_input": {"src_tokens": s[None],
+                                                          "src_lengths": None}})[0]
+                     for s in sentences]  # fmt: skip
+            engine = open_engine(gen.model, gen.options, max_sentences=3)
+            requests = [sentence_request(i, s, None) for i, s in enumerate(sentences)]
+            streamed = {f.key: f.hypotheses for f in run(engine, IteratorSource(requests))}
+        assert engine.refills > 0
+        assert all(_identical(alone[i], streamed[i]) for i in range(len(sentences)))
+        results[graphs] = alone
+    assert all(_identical(a, b) for a, b in zip(results[False], results[True], strict=True))

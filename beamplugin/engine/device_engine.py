@@ -11,9 +11,9 @@ knows which sentences ended before the host does, so nothing it runs for a retir
 touches what the host reads. The same code runs on the CPU (no graphs, copies that need no
 wait), where tests check it against the engine of beamplugin.engine.engine.
 
-What it serves: one fairseq transformer, fairseq's stopping and per-step rules without forced
-prefixes (beamplugin.search.fixed_rows_step.unsupported says what else it leaves to the other
-engine).
+What it serves: one fairseq transformer, fairseq's stopping and per-step rules, forced
+prefixes but those that force EOS (beamplugin.search.fixed_rows_step.unsupported says what else
+it leaves to the other engine).
 """
 
 from __future__ import annotations
@@ -114,8 +114,9 @@ class DeviceEngine:
 
     def check(self, request: Request) -> None:
         """Raise ValueError if ``request`` can never be decoded here; else set its max_len."""
-        if request.prefix_tokens is not None and request.prefix_tokens.numel():
-            raise ValueError("the device engine decodes no forced prefixes")
+        prefix = request.prefix_tokens
+        if prefix is not None and prefix.numel() and bool(prefix.eq(self.options.eos).any()):
+            raise ValueError("the device engine decodes no forced prefix that holds EOS")
         self.scheduler.check(request)
 
     def wants_requests(self) -> bool:
@@ -137,13 +138,14 @@ class DeviceEngine:
             self.rows = fixed_rows_for(self.model, self.options, device, self.graphs)
         rows = self.rows
         count = len(in_flight) + sum(len(r.keys) for r in requests)
+        if rows.stream is not None:  # the requests' tensors were made on the caller's stream
+            rows.stream.wait_stream(torch.cuda.current_stream(device))
         with rows.streamed():
-            if rows.stream is not None:
-                rows.stream.wait_stream(torch.cuda.current_stream(device))
             rows.reserve(
                 max(count, self.max_sentences or 0),
                 max(r.max_len for r in requests) + 1,
                 max(r.width for r in requests),
+                max(0 if r.prefix_tokens is None else r.prefix_tokens.size(1) for r in requests),
             )
             self._grow_occupants()
             encode(self.model, self.options, admission.to_encode)
@@ -161,7 +163,7 @@ class DeviceEngine:
         outs, rows = item.encoded
         bos = self.bos if request.bos is None else request.bos
         self.rows.admit(free, outs[0], rows.start, [request.max_len] * len(free),
-                        [bos] * len(free))  # fmt: skip
+                        [bos] * len(free), request.prefix_tokens)  # fmt: skip
         for slot, key in zip(free, request.keys, strict=True):
             resident = Resident(key, slot, request.width, request.max_len)
             self.occupants[slot] = resident

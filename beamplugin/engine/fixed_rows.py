@@ -21,6 +21,7 @@ from torch import Tensor
 
 from beamplugin.engine.ensemble import EnsembleDecoder, search_log_probs
 from beamplugin.models.fixed_rows_transformer import FixedRowsTransformer, bucket
+from beamplugin.runtime.host_transfer import to_device
 from beamplugin.search import fixed_rows_step
 from beamplugin.search.fixed_rows_step import ENDED, ROW, SLOT, Rules, SearchState
 from beamplugin.search.options import DecodingOptions
@@ -28,6 +29,16 @@ from beamplugin.search.options import DecodingOptions
 logger = logging.getLogger(__name__)
 
 LEAST_COLUMNS = 16  # the narrowest bucket of token columns and of source positions
+
+
+class Capacity(NamedTuple):
+    """Room for ``slots`` sentences, ``columns`` token columns a row, ``sources`` source
+    positions a sentence and forced prefixes of ``prefix`` tokens."""
+
+    slots: int
+    columns: int
+    sources: int
+    prefix: int
 
 
 class Bucket(NamedTuple):
@@ -74,7 +85,7 @@ class FixedRows:
         self.beam = options.beam_size
         self.device = device
         self.dtype = next(self.view.parameters()).dtype
-        self.capacity = Bucket(0, 0, 0)
+        self.capacity = Capacity(0, 0, 0, 0)
         self.decoder: FixedRowsTransformer | None = None
         self.search: SearchState | None = None
         self.rules: Rules | None = None
@@ -94,25 +105,27 @@ class FixedRows:
 
     # ---- capacity ----------------------------------------------------------------------------
 
-    def reserve(self, slots: int, columns: int, sources: int) -> None:
-        """Room for ``slots`` sentences, ``columns`` token columns and ``sources`` source
-        positions (capacities grow to powers of two; a change drops the captured graphs)."""
-        want = Bucket(
+    def reserve(self, slots: int, columns: int, sources: int, prefix: int) -> None:
+        """Room for ``slots`` sentences, ``columns`` token columns, ``sources`` source
+        positions and ``prefix`` forced tokens (capacities grow to powers of two; a change
+        drops the captured graphs)."""
+        want = Capacity(
             max(self.capacity.slots, bucket(slots)),
             max(self.capacity.columns, bucket(columns, LEAST_COLUMNS)),
             max(self.capacity.sources, bucket(sources, LEAST_COLUMNS)),
+            max(self.capacity.prefix, bucket(prefix)),
         )
         if want == self.capacity:
             return
-        slots, columns, sources = want
+        slots, columns, sources, prefix = want
         if self.decoder is None:
             self.decoder = FixedRowsTransformer(
                 self.view, slots, self.beam, columns, sources, self.dtype, self.device
             )
-            self.search = SearchState.empty(slots, self.beam, columns, self.device)
+            self.search = SearchState.empty(slots, self.beam, columns, self.device, prefix)
         else:
             self.decoder = self.decoder.grown(slots, columns, sources)
-            self.search = self.search.grown(slots, self.beam, columns)
+            self.search = self.search.grown(slots, self.beam, columns, prefix)
         self.rules = Rules(self.options, columns, self.device)
         self.capacity = want
         self._graphs.clear()
@@ -122,16 +135,16 @@ class FixedRows:
 
     def admit(
         self, slots: list[int], encoder_out: dict, first: int, max_lens: list[int],
-        bos: list[int],
+        bos: list[int], prefixes: Tensor | None,
     ) -> None:  # fmt: skip
         """Sentences into ``slots``: rows ``first ..`` of ``encoder_out``, their maximum
-        lengths and first tokens; each starts with one live hypothesis (score 0) and beam - 1
-        dead ones."""
+        lengths, first tokens and forced prefixes (``[sentences, width]``, pad: free choice;
+        or None); each starts with one live hypothesis (score 0) and beam - 1 dead ones."""
         beam, search, device = self.beam, self.search, self.device
-        slots_dev = torch.tensor(slots, device=device)
+        slots_dev = to_device(slots, device)
         self.decoder.write_memory(slots_dev, encoder_out, first, len(slots))
         rows = _rows_of(slots_dev, beam)
-        bos_rows = torch.tensor(bos, device=device).unsqueeze(1).expand(-1, beam).reshape(-1)
+        bos_rows = to_device(bos, device).unsqueeze(1).expand(-1, beam).reshape(-1)
         search.tokens[rows, 0] = bos_rows
         search.cumulative[rows, 0] = 0.0
         search.next_tokens[rows] = bos_rows
@@ -140,21 +153,26 @@ class FixedRows:
         start[:, 0] = 0.0
         search.scores[slots_dev] = start
         search.steps[slots_dev] = 0
-        search.max_lens[slots_dev] = torch.tensor(max_lens, device=device)
+        search.max_lens[slots_dev] = to_device(max_lens, device)
+        search.prefixes[slots_dev] = self.options.pad
+        width = 0 if prefixes is None else prefixes.size(1)
+        if width:
+            search.prefixes[slots_dev, :width] = prefixes.to(device)
+        search.prefix_lens[slots_dev] = width
         search.active[slots_dev] = True
         search.done[slots_dev] = False
         search.counts[slots_dev] = 0
 
     def deactivate(self, slots: list[int]) -> None:
         """Stop searching in ``slots`` (cancelled sentences)."""
-        slots_dev = torch.tensor(slots, device=self.device)
+        slots_dev = to_device(slots, self.device)
         self.search.active[slots_dev] = False
 
     def move(self, old: list[int], new: list[int], columns: int) -> None:
         """Sentences from slots ``old`` to ``new`` (free ones), rows and all: the decoder's
         history in the beam order the last step chose; ``columns`` of it are in use."""
         device, beam, search = self.device, self.beam, self.search
-        old_dev, new_dev = torch.tensor(old, device=device), torch.tensor(new, device=device)
+        old_dev, new_dev = to_device(old, device), to_device(new, device)
         old_rows, new_rows = _rows_of(old_dev, beam), _rows_of(new_dev, beam)
         self.decoder.move(search.reorder.index_select(0, old_rows), new_rows, old_dev, new_dev,
                           columns)  # fmt: skip
@@ -222,7 +240,7 @@ class FixedRows:
         """The n-best rows of ``slots`` (their first ``columns + 1`` columns), copied to the
         host without waiting: an :class:`EndedRows` once ready."""
         search = self.search
-        slots_dev = torch.tensor(slots, device=self.device)
+        slots_dev = to_device(slots, self.device)
         rows = _rows_of(slots_dev, self.beam)
         width = columns + 1
         return self._to_host([
@@ -264,9 +282,8 @@ def fixed_rows_for(
     """The fixed rows kept on ``model`` for these options and device (made on first use), so
     that engines made one after another (a generator makes one per batch) reuse the buffers
     and the captured graphs."""
+    kept = model.__dict__.setdefault("_fixed_rows", {})
     key = (options, device, graphs)
-    kept = getattr(model, "_fixed_rows", None)
-    if kept is None or kept[0] != key:
-        kept = (key, FixedRows(model, options, device, graphs))
-        model._fixed_rows = kept
-    return kept[1]
+    if key not in kept:
+        kept[key] = FixedRows(model, options, device, graphs)
+    return kept[key]

@@ -55,6 +55,8 @@ class SearchState:
     scores: Tensor  # [slots, beam] float32 cumulative score of each live hypothesis
     steps: Tensor  # [slots] output tokens each sentence has
     max_lens: Tensor  # [slots] output tokens before EOS is forced
+    prefixes: Tensor  # [slots, prefix width] forced first tokens, pad: free choice
+    prefix_lens: Tensor  # [slots] steps its forced prefix covers (its request's prefix width)
     active: Tensor  # [slots] bool: a live sentence, still searching
     done: Tensor  # [slots] bool: its search ended (its n-best rows are final)
     counts: Tensor  # [slots] hypotheses its n-best holds
@@ -67,13 +69,16 @@ class SearchState:
 
     KINDS = {
         "tokens": ROW, "cumulative": ROW, "next_tokens": ROW, "reorder": ROW,
-        "scores": SLOT, "steps": SLOT, "max_lens": SLOT, "active": SLOT, "done": SLOT,
+        "scores": SLOT, "steps": SLOT, "max_lens": SLOT, "prefixes": SLOT,
+        "prefix_lens": SLOT, "active": SLOT, "done": SLOT,
         "counts": SLOT, "ended_tokens": ENDED, "ended_cumulative": ENDED,
         "ended_scores": ENDED, "ended_lengths": ENDED,
     }  # fmt: skip
 
     @classmethod
-    def empty(cls, slots: int, beam: int, columns: int, device: torch.device) -> SearchState:
+    def empty(
+        cls, slots: int, beam: int, columns: int, device: torch.device, prefix: int = 1
+    ) -> SearchState:
         rows, ended = slots * beam, slots * beam + 1
 
         def longs(*shape: int) -> Tensor:
@@ -89,6 +94,7 @@ class SearchState:
             tokens=longs(rows, columns + 1), cumulative=floats(rows, columns + 1),
             next_tokens=longs(rows), reorder=torch.arange(rows, device=device),
             scores=floats(slots, beam), steps=longs(slots), max_lens=longs(slots),
+            prefixes=longs(slots, prefix), prefix_lens=longs(slots),
             active=flags(slots), done=flags(slots), counts=longs(slots),
             ended_tokens=longs(ended, columns + 1), ended_cumulative=floats(ended, columns + 1),
             ended_scores=floats(ended), ended_lengths=longs(ended),
@@ -97,10 +103,10 @@ class SearchState:
     def tensors(self) -> dict[str, Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def grown(self, slots: int, beam: int, columns: int) -> SearchState:
+    def grown(self, slots: int, beam: int, columns: int, prefix: int) -> SearchState:
         """A state with room for more, holding this one's contents at the same places (the
         n-best rows that take nothing move to the new last row)."""
-        new = SearchState.empty(slots, beam, columns, self.scores.device)
+        new = SearchState.empty(slots, beam, columns, self.scores.device, prefix)
         for name, tensor in self.tensors().items():
             target = getattr(new, name)
             kept = tensor[:-1] if self.KINDS[name] == ENDED else tensor
@@ -132,22 +138,33 @@ class Rules:
         self.normalisers = torch.tensor(divisors, dtype=torch.float32, device=device)
 
 
-def mask(lprobs: Tensor, steps: Tensor, max_lens: Tensor, rules: Rules) -> None:
+def mask(
+    lprobs: Tensor, steps: Tensor, max_lens: Tensor, forced: Tensor, in_prefix: Tensor,
+    rules: Rules,
+) -> None:  # fmt: skip
     """fairseq's rules on ``lprobs`` ``[rows, vocab]`` in place, each row at its sentence's
-    ``steps`` of ``max_lens`` (``[rows]``): NaN and pad -inf, suppressed tokens, EOS before
-    ``min_len``, the unk penalty, only EOS at the maximum length."""
+    ``steps`` of ``max_lens``, in its forced prefix or not (``in_prefix``), ``forced`` the
+    token its prefix forces now (pad: none) (all ``[rows]``): NaN and pad -inf, suppressed
+    tokens and EOS before ``min_len`` outside a prefix, the unk penalty, only EOS at the maximum
+    length, only the forced token."""
     options = rules.options
     lprobs.masked_fill_(lprobs.isnan(), -math.inf)
-    lprobs[:, rules.pad] = -math.inf
+    lprobs[:, rules.pad].fill_(-math.inf)  # in-place ops: no scalar tensor made from Python
     if rules.suppressed is not None:
-        lprobs.index_fill_(1, rules.suppressed, -math.inf)
+        suppressed = lprobs.index_fill(1, rules.suppressed, -math.inf)
+        lprobs.copy_(torch.where(in_prefix.unsqueeze(1), lprobs, suppressed))
     if options.min_len > 0:
-        lprobs[:, rules.eos].masked_fill_(steps < options.min_len, -math.inf)
+        short = (steps < options.min_len) & ~in_prefix
+        lprobs[:, rules.eos].masked_fill_(short, -math.inf)
     if options.unk_penalty:
-        lprobs[:, rules.unk] -= options.unk_penalty
+        lprobs[:, rules.unk].sub_(options.unk_penalty)
     eos = lprobs[:, rules.eos].clone()
     lprobs.masked_fill_((steps >= max_lens).unsqueeze(1), -math.inf)
-    lprobs[:, rules.eos] = eos
+    lprobs[:, rules.eos].copy_(eos)
+    column = forced.unsqueeze(1)
+    kept = lprobs.gather(1, column)
+    lprobs.masked_fill_(forced.ne(rules.pad).unsqueeze(1), -math.inf)
+    lprobs.scatter_(1, column, kept)  # rows forcing nothing: pad's -inf, as it was
 
 
 def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: int) -> None:
@@ -160,8 +177,14 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     device = lprobs.device
     active = state.active[:slots]
     steps = state.steps[:slots]
-    row_steps = steps.repeat_interleave(beam)
-    mask(lprobs, row_steps, state.max_lens[:slots].repeat_interleave(beam), rules)
+    max_lens = state.max_lens[:slots]
+    in_prefix = steps.lt(state.prefix_lens[:slots]) & steps.lt(max_lens)
+    last = state.prefixes.size(1) - 1
+    forced = state.prefixes[:slots].gather(1, steps.clamp(max=last).unsqueeze(1)).squeeze(1)
+    forced = torch.where(in_prefix, forced, rules.pad)
+    row_steps = _each_row(steps, beam)
+    mask(lprobs, row_steps, _each_row(max_lens, beam), _each_row(forced, beam),
+         _each_row(in_prefix, beam), rules)  # fmt: skip
     total = (lprobs.view(slots, beam, vocab) + state.scores[:slots].unsqueeze(2)).view(slots, -1)
     cand_scores, flat = torch.topk(total, 2 * beam)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
@@ -174,7 +197,7 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     alive_beams = cand_beams.gather(1, order)
     alive_tokens, alive_scores = cand_tokens.gather(1, order), cand_scores.gather(1, order)
     # the next beam: each row takes its hypothesis' history, then its new token and score
-    keep = active.repeat_interleave(beam)
+    keep = _each_row(active, beam)
     own = torch.arange(rows, device=device)
     reorder = torch.where(keep, (first_rows + alive_beams).view(-1), own)
     state.reorder[:rows] = reorder
@@ -211,11 +234,11 @@ def _keep_ended(
     target = torch.where(kept, first_rows + place, nowhere).view(-1)
     width = columns + 1
     source = cand_rows.reshape(-1)
-    column = (steps + 1).clamp(max=columns).repeat_interleave(beam).unsqueeze(1)
+    column = _each_row((steps + 1).clamp(max=columns), beam).unsqueeze(1)
     eos_scores = cand_scores[:, :beam].reshape(-1, 1)
     tokens = state.tokens[:, :width].index_select(0, source).scatter_(1, column, rules.eos)
     cumulative = state.cumulative[:, :width].index_select(0, source).scatter_(1, column, eos_scores)
-    lengths = (steps + 1).repeat_interleave(beam)
+    lengths = _each_row(steps + 1, beam)
     scores = eos_scores.view(-1)
     if rules.options.normalize_scores:
         scores = scores / rules.normalisers.index_select(0, lengths)
@@ -224,3 +247,9 @@ def _keep_ended(
     state.ended_scores.index_copy_(0, target, scores)
     state.ended_lengths.index_copy_(0, target, lengths)
     state.counts[:slots] += kept.sum(1)
+
+
+def _each_row(per_sentence: Tensor, beam: int) -> Tensor:
+    """``[slots]`` -> ``[slots x beam]``: each sentence's value on each of its rows (an
+    expand, not ``repeat_interleave``, which may wait for the device to size its output)."""
+    return per_sentence.unsqueeze(1).expand(-1, beam).reshape(-1)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU check, in one call of a GPU machine (under 8 minutes on an H100): the CUDA tests, then
+# the device engine's bits (alone = batched = streamed, graphs or not, per precision) and whether
+# cuBLAS keeps a row's bits whatever the rows beside it, then transformers base and big in fp16
+# at batch 1 and 64: fairseq's generator, our other engine, the device engine without and with
+# CUDA graphs, side by side. Tables and logs go to $OUT (default /tmp/gpu_check); the benchmark's
+# rows to $OUT/gpu.jsonl (the schema of benchmarks/results).
+# Wheels the machine lacks (fairseq and what it needs), if carried in .whl/, are installed first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+if ! python3 -c "import fairseq" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 \
+    | tail -30 | tee "$OUT/tests.txt"
+timeout 90 python3 scripts/bench_gpu_step.py --checks --models tiny --batch-sizes 8 \
+    --sentences 16 --rounds 1 --precision float32 2>&1 | grep -v "INFO\|DEBUG" | tee "$OUT/checks.txt"
+timeout 330 python3 scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 \
+    --precision fp16 --results "$OUT/gpu.jsonl" --profile "$OUT/profile.txt" 2>&1 \
+    | grep -v "INFO\|DEBUG" | tee "$OUT/bench.txt"
