@@ -17,6 +17,7 @@ table and writes one JSON line a row (``--results``, the schema of benchmarks/re
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -269,25 +270,29 @@ def main() -> None:
         model, d = build(name)
         model = model.to(args.device, DTYPES[args.precision])
         for batch in args.batch_sizes:
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
             count = args.batch_1_sentences if batch == 1 else args.sentences
             items = sentences(d, count)
             batches = [batch_of(items[i : i + batch], d, args.device)
                        for i in range(0, count, batch)]  # fmt: skip
-            gens = {s: generator(s, model, d, args.beam, args.max_len_b) for s in args.systems}
+            # a model each: fairseq's forwards make our prepared weights (and graphs) anew
+            models = {s: copy.deepcopy(model) for s in args.systems}
+            gens = {s: generator(s, models[s], d, args.beam, args.max_len_b)
+                    for s in args.systems}  # fmt: skip
             times: dict[str, list[float]] = {s: [] for s in args.systems}
             best: dict[str, list[list[int]]] = {}
             tokens: dict[str, int] = {}
-            for gen in gens.values():  # warm-up: kernels, graphs, weights prepared
-                decode(gen, model, batches[:2])
+            for system, gen in gens.items():  # warm-up: kernels, graphs, weights prepared
+                decode(gen, models[system], batches[:2])
             for _ in range(args.rounds):
                 for system, gen in gens.items():
-                    seconds, best[system], tokens[system] = decode(gen, model, batches)
+                    seconds, best[system], tokens[system] = decode(gen, models[system], batches)
                     times[system].append(seconds)
             steps = args.max_len_b + 1
             reference = best.get("fairseq")
             for system in args.systems:
                 seconds = statistics.median(times[system])
-                busy = busy_share(gens[system], model, batches[:1], args.profile,
+                busy = busy_share(gens[system], models[system], batches[:1], args.profile,
                                   f"{name} {args.precision} batch {batch} {system}")
                 same = (
                     sum(a == b for a, b in zip(reference, best[system], strict=True))

@@ -17,10 +17,10 @@ if ! python3 -c "import fairseq" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/nu
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 \
+timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 \
     | tail -30 | tee "$OUT/tests.txt"
 timeout 90 python3 scripts/bench_gpu_step.py --checks --models tiny --batch-sizes 8 \
     --sentences 16 --rounds 1 --precision float32 2>&1 | grep -v "INFO\|DEBUG" | tee "$OUT/checks.txt"
-timeout 330 python3 scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 \
+timeout 280 python3 scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 \
     --precision fp16 --results "$OUT/gpu.jsonl" --profile "$OUT/profile.txt" 2>&1 \
     | grep -v "INFO\|DEBUG" | tee "$OUT/bench.txt"

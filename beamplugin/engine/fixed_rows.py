@@ -96,6 +96,7 @@ class FixedRows:
         self._graphs: dict[Bucket, Any] = {}
         self._warm: set[Bucket] = set()
         self._eager: set[Bucket] = set()  # buckets whose capture failed: run eagerly
+        self._weights: Any = None  # the prepared weights the graphs read
 
     def streamed(self) -> Any:
         """The context in which everything of these rows runs (their stream on a GPU)."""
@@ -190,6 +191,11 @@ class FixedRows:
 
     def step(self, size: Bucket) -> None:
         """One step of the first ``size.slots`` slots: a graph replayed, or run eagerly."""
+        weights = self.view.decoder.weights.decoder_layers
+        if weights is not self._weights:  # made again (the model changed): capture again
+            self._graphs.clear()
+            self._warm.clear()
+            self._weights = weights
         if not self.graphs_on or size in self._eager:
             self._step(size)
             return
