@@ -1,0 +1,188 @@
+"""Render the results tables of README.md and docs/*.md from benchmarks/results/*.jsonl.
+
+Each table in a page lies between `<!-- results:TABLE -->` and `<!-- /results -->`, TABLE being
+a record's "table" ("cpu-avx512", "cpu-avx2", "gpu"); `<!-- results:TABLE ROW ROW ... -->` keeps
+only the records of those "row" ids (the README's short tables). What lies between is rewritten
+from the records, so that no figure is typed by hand twice.
+
+    python benchmarks/render_tables.py           # rewrite every block (make tables)
+    python benchmarks/render_tables.py --check   # exit 1 naming each block out of date
+
+A record is one measurement of one system, one JSON object a line (fields: README.md's
+"Results" and docs/performance.md). A table row gathers the records of one comparison, each
+system in a column of its own: the GPU's by model, batch and precision, as its benchmark writes
+them; the CPUs' by their "row" id, since one model, batch and precision there carries several
+comparisons (speed, memory, shortlists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = "benchmarks/results"
+PAGES = ("README.md", "docs/*.md")
+BLOCK = re.compile(
+    r"(<!-- results:([\w-]+)((?: [\w.-]+)*) -->\n)(.*?)(<!-- /results -->)", re.DOTALL
+)
+REFERENCE = "fairseq"  # ratios not recorded are computed against it, in its column first
+GROUP_BY: dict[str, tuple[str, ...]] = {"gpu": ("model", "batch", "precision")}
+ROW_ID = ("row",)
+
+Record = dict[str, Any]
+
+
+def load_records(root: Path) -> list[Record]:
+    """Every record of every results file, in file-name then line order."""
+    records = []
+    for path in sorted((root / RESULTS).glob("*.jsonl")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise SystemExit(f"{path}:{number}: {error}") from error
+    return records
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
+
+
+def _speed(record: Record) -> tuple[str, float, bool] | None:
+    """The field a ratio is computed on, its value, and whether more is faster."""
+    for field in ("ms_per_step", "tokens_per_s", "sentences_per_s"):
+        if record.get(field):
+            return field, record[field], field != "ms_per_step"
+    return None
+
+
+def _ratio(record: Record, reference: Record | None) -> str | None:
+    if record.get("ratio"):
+        return f"x{record['ratio']['value']:.2f} {record['ratio']['against']}"
+    if reference is None or reference is record:
+        return None
+    ours, theirs = _speed(record), _speed(reference)
+    if ours is None or theirs is None or ours[0] != theirs[0]:
+        return None
+    value = ours[1] / theirs[1] if ours[2] else theirs[1] / ours[1]
+    return f"x{value:.2f} {REFERENCE}"
+
+
+def cell(record: Record, reference: Record | None) -> str:
+    """One system's figures: absolute ones first, then its ratio and its agreement."""
+    parts = []
+    units = (
+        ("ms_per_step", "ms/step"), ("tokens_per_s", "tok/s"), ("sentences_per_s", "sent/s"),
+        ("us_per_call", "us"), ("bleu", "BLEU"),
+    )  # fmt: skip
+    for field, unit in units:
+        if record.get(field) is not None:
+            parts.append(f"{_number(record[field])} {unit}")
+    if record.get("peak_mib") is not None:
+        parts.append(f"{record['peak_mib']:,.0f} MiB peak")
+    if record.get("share_of_peak") is not None:
+        parts.append(f"{record['share_of_peak']:.0%} of a core's peak")
+    ratio = _ratio(record, reference)
+    if ratio:
+        parts.append(ratio)
+    if record.get("same_as_reference"):
+        parts.append(f"{record['same_as_reference']} as {REFERENCE}")
+    return "; ".join(parts)
+
+
+def _group_key(record: Record) -> tuple[Any, ...]:
+    return tuple(record.get(field) for field in GROUP_BY.get(record["table"], ROW_ID))
+
+
+def render(table: str, records: Iterable[Record], rows: Sequence[str] = ()) -> str:
+    """The markdown of one table (only the records of `rows`, if any): a row per comparison, a
+    column per system, then the commands that made them, numbered."""
+    chosen = [r for r in records if r["table"] == table and (not rows or r["row"] in rows)]
+    if not chosen:
+        return f"(no results recorded for {table})\n"
+    systems = sorted(dict.fromkeys(r["system"] for r in chosen), key=lambda s: s != REFERENCE)
+    groups: dict[tuple[Any, ...], list[Record]] = {}
+    for record in chosen:
+        groups.setdefault(_group_key(record), []).append(record)
+    commands: list[str] = []
+    lead = ["model", "precision", "batch"] if table in GROUP_BY else ["what", "batch"]
+    lines = [
+        "| " + " | ".join(lead + systems + ["command"]) + " |",
+        "| " + " | ".join(["---"] * (len(lead) + len(systems) + 1)) + " |",
+    ]
+    for group in groups.values():
+        by_system = {r["system"]: r for r in group}
+        reference = by_system.get(REFERENCE)
+        first = group[0]
+        head = [str(first.get(field, "")) for field in lead]
+        cells = [cell(by_system[s], reference) if s in by_system else "" for s in systems]
+        numbers = []
+        for record in group:
+            if record["command"] not in commands:
+                commands.append(record["command"])
+            numbers.append(commands.index(record["command"]) + 1)
+        refs = ", ".join(f"({n})" for n in dict.fromkeys(numbers))
+        lines.append("| " + " | ".join(head + cells + [refs]) + " |")
+    lines.append("")
+    for number, command in enumerate(commands, 1):
+        where = next(r for r in chosen if r["command"] == command)
+        machine = where["device"]
+        if where.get("host_cpu"):
+            machine += f", host {where['host_cpu']}"
+        if where.get("kernels"):
+            machine += f", kernels {where['kernels']}"
+        commit = f", at {where['commit']}" if where.get("commit") else ""
+        lines.append(f"{number}. `{command}` ({machine}{commit})")
+    return "\n".join(lines) + "\n"
+
+
+def pages(root: Path) -> list[Path]:
+    return sorted(path for pattern in PAGES for path in root.glob(pattern))
+
+
+def rendered(text: str, records: Sequence[Record]) -> str:
+    """The page with every results block rewritten from the records."""
+    return BLOCK.sub(lambda m: m[1] + render(m[2], records, m[3].split()) + m[5], text)
+
+
+def out_of_date(root: Path) -> list[str]:
+    """'page: table' for each block whose text differs from what the records render."""
+    records = load_records(root)
+    stale = []
+    for page in pages(root):
+        text = page.read_text()
+        for match in BLOCK.finditer(text):
+            if match[4] != render(match[2], records, match[3].split()):
+                stale.append(f"{page.relative_to(root)}: {match[2]}")
+    return stale
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only say which blocks differ")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository (default: ours)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = out_of_date(args.root)
+        for block in stale:
+            print(f"out of date: {block} (make tables)", file=sys.stderr)
+        return 1 if stale else 0
+    records = load_records(args.root)
+    for page in pages(args.root):
+        text = page.read_text()
+        new = rendered(text, records)
+        if new != text:
+            page.write_text(new)
+            print(f"rendered {page.relative_to(args.root)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
