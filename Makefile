@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench tables
+.PHONY: demo test bench tables isa-check
 
 $(BIN)/.installed: setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,3 +50,8 @@ bench: $(BIN)/.installed
 # place figures are written (tests/test_results_tables.py fails while a table differs).
 tables:
 	$(PY) benchmarks/render_tables.py
+
+# Our C kernels compiled for AVX2 and AVX-512, counting the fused multiply-adds on the stack:
+# each is a spilled accumulator (docs/architecture.md, "add an instruction set").
+isa-check:
+	bash scripts/isa_check.sh .
