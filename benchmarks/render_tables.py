@@ -101,45 +101,49 @@ def _group_key(record: Record) -> tuple[Any, ...]:
     return tuple(record.get(field) for field in GROUP_BY.get(record["table"], ROW_ID))
 
 
+def _run(record: Record) -> str:
+    """The command and the machine and commit it ran on: what a row's reference number names."""
+    machine = record["device"]
+    if record.get("host_cpu"):
+        machine += f", host {record['host_cpu']}"
+    if record.get("kernels"):
+        machine += f", kernels {record['kernels']}"
+    commit = f", at {record['commit']}" if record.get("commit") else ""
+    return f"`{record['command']}` ({machine}{commit})"
+
+
 def render(table: str, records: Iterable[Record], rows: Sequence[str] = ()) -> str:
     """The markdown of one table (only the records of `rows`, if any): a row per comparison, a
-    column per system, then the commands that made them, numbered."""
+    column per system, then the runs that made them, numbered. Results files only grow, so where
+    a system was measured again in a row, its last record is the one shown."""
     chosen = [r for r in records if r["table"] == table and (not rows or r["row"] in rows)]
     if not chosen:
         return f"(no results recorded for {table})\n"
-    systems = sorted(dict.fromkeys(r["system"] for r in chosen), key=lambda s: s != REFERENCE)
-    groups: dict[tuple[Any, ...], list[Record]] = {}
+    groups: dict[tuple[Any, ...], dict[str, Record]] = {}
     for record in chosen:
-        groups.setdefault(_group_key(record), []).append(record)
-    commands: list[str] = []
+        groups.setdefault(_group_key(record), {})[record["system"]] = record
+    shown = [r for group in groups.values() for r in group.values()]
+    systems = sorted(dict.fromkeys(r["system"] for r in shown), key=lambda s: s != REFERENCE)
+    runs: list[str] = []
     lead = ["model", "precision", "batch"] if table in GROUP_BY else ["what", "batch"]
     lines = [
         "| " + " | ".join(lead + systems + ["command"]) + " |",
         "| " + " | ".join(["---"] * (len(lead) + len(systems) + 1)) + " |",
     ]
-    for group in groups.values():
-        by_system = {r["system"]: r for r in group}
+    for by_system in groups.values():
         reference = by_system.get(REFERENCE)
-        first = group[0]
+        first = next(iter(by_system.values()))
         head = [str(first.get(field, "")) for field in lead]
         cells = [cell(by_system[s], reference) if s in by_system else "" for s in systems]
         numbers = []
-        for record in group:
-            if record["command"] not in commands:
-                commands.append(record["command"])
-            numbers.append(commands.index(record["command"]) + 1)
-        refs = ", ".join(f"({n})" for n in dict.fromkeys(numbers))
+        for record in by_system.values():
+            if _run(record) not in runs:
+                runs.append(_run(record))
+            numbers.append(runs.index(_run(record)) + 1)
+        refs = ", ".join(f"({n})" for n in sorted(set(numbers)))
         lines.append("| " + " | ".join(head + cells + [refs]) + " |")
     lines.append("")
-    for number, command in enumerate(commands, 1):
-        where = next(r for r in chosen if r["command"] == command)
-        machine = where["device"]
-        if where.get("host_cpu"):
-            machine += f", host {where['host_cpu']}"
-        if where.get("kernels"):
-            machine += f", kernels {where['kernels']}"
-        commit = f", at {where['commit']}" if where.get("commit") else ""
-        lines.append(f"{number}. `{command}` ({machine}{commit})")
+    lines.extend(f"{number}. {run}" for number, run in enumerate(runs, 1))
     return "\n".join(lines) + "\n"
 
 

@@ -89,6 +89,19 @@ def test_gpu_records_are_grouped_by_model_batch_and_precision_with_fairseq_as_re
     ]
 
 
+def test_a_system_measured_again_shows_its_last_record_and_its_run_alone():
+    old = _gpu("fairseq", "transformer base", 64, 6.0, 2500.0)
+    old["command"], old["commit"] = "bench old", "aaaaaaa"
+    new_fairseq = _gpu("fairseq", "transformer base", 64, 5.0, 3000.0)
+    ours = _gpu("ours graphs", "transformer base", 64, 2.0, 8000.0)
+    lines = render_tables.render("gpu", [old, ours, new_fairseq]).splitlines()
+    assert lines[2] == (
+        "| transformer base | fp16 | 64 | 5.0 ms/step; 3,000 tok/s "
+        "| 2.0 ms/step; 8,000 tok/s; x2.50 fairseq | (1) |"
+    )
+    assert lines[3:] == ["", "1. `bench transformer base` (GPU, host CPU)"]
+
+
 def test_a_row_filter_keeps_only_those_rows():
     records = render_tables.load_records(ROOT)
     lines = render_tables.render("cpu-avx512", records, ["demo"]).splitlines()
