@@ -2,6 +2,7 @@
 (benchmarks/render_tables.py, `make tables`), and stay so."""
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 
@@ -14,12 +15,12 @@ _spec = importlib.util.spec_from_file_location(
 render_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render_tables)
 
+NUMBER = (int, float, type(None))
 SCHEMA = {
     "table": str, "row": str, "what": str, "system": str, "model": str, "precision": str,
-    "batch": int, "sentences_per_s": (float, type(None)), "tokens_per_s": (float, type(None)),
-    "ms_per_step": (float, type(None)), "peak_mib": (int, float, type(None)),
-    "ratio": (dict, type(None)), "same_as_reference": (str, type(None)), "command": str,
-    "commit": (str, type(None)), "date": (str, type(None)), "device": str,
+    "batch": int, "sentences_per_s": NUMBER, "tokens_per_s": NUMBER, "ms_per_step": NUMBER,
+    "peak_mib": NUMBER, "ratio": (dict, type(None)), "same_as_reference": (str, type(None)),
+    "command": str, "commit": (str, type(None)), "date": (str, type(None)), "device": str,
     "host_cpu": (str, type(None)), "cpu_flags": (str, type(None)), "kernels": (str, type(None)),
 }  # fmt: skip
 
@@ -42,6 +43,8 @@ def test_every_record_has_the_schema_fields():
             assert isinstance(record[field], kind), (field, record)
         if record["ratio"] is not None:
             assert set(record["ratio"]) == {"against", "value"}, record
+        if record["date"] is not None:
+            assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record["date"]), record
 
 
 def test_a_figure_edited_by_hand_is_found_and_rendered_back(tmp_path):
