@@ -55,12 +55,7 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
 
 
-def _speed(record: Record) -> tuple[str, float, bool] | None:
-    """The field a ratio is computed on, its value, and whether more is faster."""
-    for field in ("ms_per_step", "tokens_per_s", "sentences_per_s"):
-        if record.get(field):
-            return field, record[field], field != "ms_per_step"
-    return None
+SPEEDS = ("ms_per_step", "tokens_per_s", "sentences_per_s")  # the first both records have
 
 
 def _ratio(record: Record, reference: Record | None) -> str | None:
@@ -68,11 +63,12 @@ def _ratio(record: Record, reference: Record | None) -> str | None:
         return f"x{record['ratio']['value']:.2f} {record['ratio']['against']}"
     if reference is None or reference is record:
         return None
-    ours, theirs = _speed(record), _speed(reference)
-    if ours is None or theirs is None or ours[0] != theirs[0]:
-        return None
-    value = ours[1] / theirs[1] if ours[2] else theirs[1] / ours[1]
-    return f"x{value:.2f} {REFERENCE}"
+    for field in SPEEDS:
+        if record.get(field) and reference.get(field):
+            ours, theirs = record[field], reference[field]
+            value = theirs / ours if field == "ms_per_step" else ours / theirs
+            return f"x{value:.2f} {REFERENCE}"
+    return None
 
 
 def cell(record: Record, reference: Record | None) -> str:
@@ -80,11 +76,13 @@ def cell(record: Record, reference: Record | None) -> str:
     parts = []
     units = (
         ("ms_per_step", "ms/step"), ("tokens_per_s", "tok/s"), ("sentences_per_s", "sent/s"),
-        ("us_per_call", "us"), ("bleu", "BLEU"),
+        ("us_per_call", "us"),
     )  # fmt: skip
     for field, unit in units:
         if record.get(field) is not None:
             parts.append(f"{_number(record[field])} {unit}")
+    if record.get("bleu") is not None:
+        parts.append(f"BLEU {record['bleu']:.2f}")
     if record.get("peak_mib") is not None:
         parts.append(f"{record['peak_mib']:,.0f} MiB peak")
     if record.get("share_of_peak") is not None:
@@ -133,7 +131,8 @@ def render(table: str, records: Iterable[Record], rows: Sequence[str] = ()) -> s
     for by_system in groups.values():
         reference = by_system.get(REFERENCE)
         first = next(iter(by_system.values()))
-        head = [str(first.get(field, "")) for field in lead]
+        # a run without a fixed batch (fairseq-generate's --max-tokens) says what it used instead
+        head = [str(first.get(f"{field}_label") or first.get(field, "")) for field in lead]
         cells = [cell(by_system[s], reference) if s in by_system else "" for s in systems]
         numbers = []
         for record in by_system.values():

@@ -16,12 +16,13 @@ render_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render_tables)
 
 NUMBER = (int, float, type(None))
+TEXT = (str, type(None))
 SCHEMA = {
     "table": str, "row": str, "what": str, "system": str, "model": str, "precision": str,
-    "batch": int, "sentences_per_s": NUMBER, "tokens_per_s": NUMBER, "ms_per_step": NUMBER,
-    "peak_mib": NUMBER, "ratio": (dict, type(None)), "same_as_reference": (str, type(None)),
-    "command": str, "commit": (str, type(None)), "date": (str, type(None)), "device": str,
-    "host_cpu": (str, type(None)), "cpu_flags": (str, type(None)), "kernels": (str, type(None)),
+    "batch": (int, type(None)), "sentences_per_s": NUMBER, "tokens_per_s": NUMBER,
+    "ms_per_step": NUMBER, "peak_mib": NUMBER, "ratio": (dict, type(None)),
+    "same_as_reference": TEXT, "command": str, "commit": TEXT, "date": TEXT, "device": str,
+    "host_cpu": TEXT, "cpu_flags": TEXT, "kernels": TEXT,
 }  # fmt: skip
 
 
@@ -43,6 +44,8 @@ def test_every_record_has_the_schema_fields():
             assert isinstance(record[field], kind), (field, record)
         if record["ratio"] is not None:
             assert set(record["ratio"]) == {"against", "value"}, record
+        if record["batch"] is None:
+            assert record["batch_label"], record
         if record["date"] is not None:
             assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", record["date"]), record
 
@@ -90,6 +93,13 @@ def test_gpu_records_are_grouped_by_model_batch_and_precision_with_fairseq_as_re
         "1. `bench transformer base` (GPU, host CPU)",
         "2. `bench transformer big` (GPU, host CPU)",
     ]
+
+
+def test_a_ratio_is_computed_on_a_speed_both_systems_measured():
+    fairseq = _gpu("fairseq", "transformer base", 64, None, 3000.0)
+    ours = _gpu("ours graphs", "transformer base", 64, 2.0, 6000.0)
+    assert render_tables.cell(ours, fairseq) == "2.0 ms/step; 6,000 tok/s; x2.00 fairseq"
+    assert render_tables.cell(fairseq, fairseq) == "3,000 tok/s"
 
 
 def test_a_system_measured_again_shows_its_last_record_and_its_run_alone():
