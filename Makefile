@@ -6,7 +6,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench
+.PHONY: demo test bench tables isa-check
 
 $(BIN)/.installed: setup.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,3 +45,13 @@ bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_roofline.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_precision.py --precisions bf16 int8 $(or $(ARGS),--random \
 		--batch-sizes 1 64 --max-sentences 64 --repeats 2)
+
+# The results tables of README.md and docs/ rewritten from benchmarks/results/*.jsonl, the one
+# place figures are written (tests/test_results_tables.py fails while a table differs).
+tables:
+	$(PY) benchmarks/render_tables.py
+
+# Our C kernels compiled for AVX2 and AVX-512, counting the fused multiply-adds on the stack:
+# each is a spilled accumulator (docs/architecture.md, "add an instruction set").
+isa-check:
+	bash scripts/isa_check.sh .

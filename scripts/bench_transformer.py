@@ -41,7 +41,7 @@ beamplugin.fairseq_plugin.mapped_checkpoints).
 Every timing runs in a process of its own that loads only its system (CTranslate2's without
 torch), decodes once to warm up, then once timed: in one process the idle threads of one
 runtime's pool (torch's OpenMP, CTranslate2's) spin on the cores the other needs, which made
-every system slower with 2 threads than with 1 (docs/benchmarks.md, 2026-11-25). Each round
+every system slower with 2 threads than with 1. Each round
 runs the systems in a shuffled order; the median over rounds is printed, with the CPU's model
 name and flags. CTranslate2 is a benchmark-only dependency: ``pip install -e '.[bench]'``.
 

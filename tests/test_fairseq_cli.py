@@ -148,6 +148,33 @@ def test_interactive_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypot
     assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
 
 
+def test_hub_translate_of_a_transformer_decodes_with_our_generator_when_asked(
+    trained_transformer, monkeypatch
+):
+    """The README's text-in, text-out example: fairseq's hub interface, its task overridden by
+    name, decodes with our engine and gives what fairseq's generator gives."""
+    from fairseq.models.transformer import TransformerModel
+
+    from beamplugin.engine import DecodingEngine
+
+    data, ckpt = trained_transformer
+    steps = []
+    step = DecodingEngine.step
+    monkeypatch.setattr(DecodingEngine, "step", lambda self: steps.append(1) or step(self))
+
+    def translate(task):
+        hub = TransformerModel.from_pretrained(
+            str(ckpt.parent), checkpoint_file=ckpt.name, data_name_or_path=str(data),
+            task={"_name": task},
+        )  # fmt: skip
+        return hub.translate(TRANSFORMER_LINES, beam=4)
+
+    theirs = translate("translation")
+    assert not steps
+    assert translate("beam_translation") == theirs
+    assert steps, "our engine did not decode"
+
+
 def test_server_on_a_transformer_answers_as_interactive(trained_transformer):
     """beamplugin-serve takes the transformer checkpoint, with continuous batching (no log line
     saying it decodes batch after batch), and answers concurrent clients what

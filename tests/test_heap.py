@@ -1,7 +1,7 @@
 """The decoding process keeps freed heap memory (beamplugin.runtime.heap): a stream decoded
-again pays no page faults; with glibc's default mmap threshold held fixed it pays hundreds of
-thousands each time. (glibc's own dynamic threshold lies in between and varies from run to run,
-from a few thousand a pass to that, so it bounds nothing.)"""
+again pays next to no page faults; with glibc's default mmap threshold held fixed it pays
+hundreds of thousands each time. (glibc's own dynamic threshold lies in between and varies
+from run to run, from a few thousand a pass to that, so it bounds nothing.)"""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_a_stream_decoded_again_pays_no_page_faults():
     # default 128 KiB, set, which turns off its dynamic adjustment: every large block is mapped
     # and unmapped again, the same count each pass
     mapped = page_faults(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072")
-    # the machine's own memory management adds a few hundred, now and then thousands: the
-    # quietest pass counts
-    assert min(kept) < 1000
-    assert min(mapped) > 100_000
+    # The machine's own memory management adds a few hundred faults to a pass, now and then
+    # thousands, whatever the process does: not a count but the two compared, each by its
+    # quietest pass. Mapping and unmapping every large block costs hundreds of thousands a pass.
+    assert min(kept) * 100 < min(mapped), (kept, mapped)
