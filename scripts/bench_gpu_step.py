@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -124,10 +125,10 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def busy_share(gen: Any, model: Any, batches: list[dict], profile: Path | None, title: str
+def busy_share(gen: Any, model: Any, batches: list[dict], tables: Path | None, title: str
                ) -> float | None:  # fmt: skip
     """The GPU's kernel time over the wall time of one pass (torch's profiler); with
-    ``profile``, its tables appended there."""
+    ``tables``, its tables appended there."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
@@ -139,9 +140,9 @@ def busy_share(gen: Any, model: Any, batches: list[dict], profile: Path | None, 
     wall = time.perf_counter() - started
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.device_time_total for e in kernels) / 1e6
-    if profile is not None:
+    if tables is not None:
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
-        with profile.open("a") as f:
+        with tables.open("a") as f:
             f.write(f"## {title}: wall {wall * 1000:.1f} ms, kernels {busy * 1000:.1f} ms, "
                     f"{len(kernels)} kernel launches\n{table}\n")  # fmt: skip
     return min(busy / wall, 1.0) if wall else None
@@ -234,7 +235,8 @@ def describe() -> dict:
                                 text=True, check=False).stdout.strip()  # fmt: skip
     except OSError:
         commit = ""
-    info["commit"] = commit or None
+    # a copied tree may carry a stale .git: BEAMPLUGIN_COMMIT names the commit that runs
+    info["commit"] = os.environ.get("BEAMPLUGIN_COMMIT") or commit or None
     return info
 
 
@@ -256,7 +258,9 @@ def main() -> None:
                         help="write torch's profile of one batch of each system here")
     args = parser.parse_args()
     info = describe()
-    command = "python scripts/bench_gpu_step.py " + " ".join(sys.argv[1:])
+    shown = [a for a, before in zip(sys.argv[1:], ["", *sys.argv[1:]], strict=False)
+             if a not in ("--results", "--profile") and before not in ("--results", "--profile")]
+    command = "python scripts/bench_gpu_step.py " + " ".join(shown)
     print(f"# {info['device']} (host {info['host_cpu']}), torch {torch.__version__}, "
           f"commit {info['commit']}", flush=True)  # fmt: skip
     if args.checks:
