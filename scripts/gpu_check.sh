@@ -21,6 +21,10 @@ timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 \
     | tail -30 | tee "$OUT/tests.txt"
 timeout 90 python3 scripts/bench_gpu_step.py --checks --models tiny --batch-sizes 8 \
     --sentences 16 --rounds 1 --precision float32 2>&1 | grep -v "INFO\|DEBUG" | tee "$OUT/checks.txt"
-timeout 280 python3 scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 \
+timeout 240 python3 scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 \
     --precision fp16 --results "$OUT/gpu.jsonl" --profile "$OUT/profile.txt" 2>&1 \
     | grep -v "INFO\|DEBUG" | tee "$OUT/bench.txt"
+# float32: fairseq's outputs, and what the fixed-row-count products cost
+timeout 90 python3 scripts/bench_gpu_step.py --models base --batch-sizes 64 --precision float32 \
+    --systems fairseq ours graphs --results "$OUT/gpu.jsonl" 2>&1 | grep -v "INFO\|DEBUG" \
+    | tee -a "$OUT/bench.txt"

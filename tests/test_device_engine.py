@@ -226,3 +226,20 @@ def test_auto_keeps_the_other_engine_on_the_cpu(vocab):
     model = BUILDERS["transformer"](vocab, 1)
     gen = _generator(model, vocab, beam_size=2, device_engine="auto")
     assert isinstance(open_engine(gen.model, gen.options), DecodingEngine)
+
+
+def test_float32_products_in_fixed_chunks_give_a_row_the_same_bits_whatever_its_neighbours():
+    """What float32 products on a GPU go through (cuBLAS picks its algorithm by the row count):
+    chunks of exactly ROW_CHUNK rows, the last padded."""
+    from beamplugin.modules.linear import ROW_CHUNK, rows_in_chunks
+
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
+    x = torch.randn(3 * ROW_CHUNK + 7, 32, generator=g)
+    alone = rows_in_chunks(x[:5], weight, bias)
+    for rows in (6, ROW_CHUNK, ROW_CHUNK + 1, x.size(0)):
+        out = rows_in_chunks(x[:rows], weight, bias)
+        assert out.shape == (rows, 48)
+        assert torch.equal(out[:5], alone)
+    torch.testing.assert_close(rows_in_chunks(x, weight, bias),
+                               torch.nn.functional.linear(x, weight, bias))  # fmt: skip

@@ -211,8 +211,9 @@ class DeviceEngine:
         capacity = self.rows.capacity
         slots = bucket(1 + max(s.slot for s in in_flight))
         columns = bucket(1 + max(min(s.step, s.max_len) for s in in_flight), LEAST_COLUMNS)
-        sources = bucket(max(s.width for s in in_flight), LEAST_COLUMNS)
-        return Bucket(slots, min(columns, capacity.columns), min(sources, capacity.sources))
+        # every source position the capacity holds: fewer graphs, and the cross-attention's
+        # extra masked columns cost little beside a graph captured for each width
+        return Bucket(slots, min(columns, capacity.columns), capacity.sources)
 
     def _retire(self, snapshot: list[Resident | None], status: HostCopy) -> None:
         """Free the slots of the sentences whose search ended by the step of ``status``
