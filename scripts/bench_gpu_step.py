@@ -40,8 +40,10 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers the task and model)
 from beamplugin import SequenceGenerator
+from beamplugin.models.convs2s import ConvS2SModel
 
-SHAPES = {  # architecture, words
+SHAPES = {  # architecture, words ("convs2s": the demo's convs2s_iwslt_de_en shape, 8k words)
+    "convs2s": (None, 8000),
     "tiny": (None, 1024),
     "base": (transformer_wmt_en_de, 32768),
     "big": (transformer_vaswani_wmt_en_de_big, 32768),
@@ -75,6 +77,18 @@ def build(name: str, seed: int = 1) -> tuple[TransformerModel, Dictionary]:
         arch(args)
     torch.manual_seed(seed)
     return TransformerModel.build_model(args, _Task(d)).eval(), d
+
+
+def build_convs2s(beam: int) -> tuple[Any, Any, Dictionary]:
+    """fairseq's fconv (prepared as fairseq-generate prepares it) and our convs2s with the same
+    random weights of the demo's shape, sharpened so that outputs end at varied lengths."""
+    from bench_generate import random_fconv, same_weights  # noqa: PLC0415
+
+    fconv, d, model_args = random_fconv(SHAPES["convs2s"][1], seed=1)
+    task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
+    convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
+    fconv.make_generation_fast_(beamable_mm_beam_size=beam)
+    return fconv, convs2s, d
 
 
 def sentences(d: Dictionary, count: int, seed: int = 2) -> list[torch.Tensor]:
@@ -244,6 +258,7 @@ def describe() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=["base", "big"])
+    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--precision", choices=list(DTYPES), default="fp16")
     parser.add_argument("--beam", type=int, default=5)
@@ -272,7 +287,12 @@ def main() -> None:
                   flush=True)  # fmt: skip
     rows = []
     for name in args.models:
-        model, d = build(name)
+        fairseqs = None  # the model fairseq's generator decodes, where it is another
+        if name == "convs2s":
+            fairseqs, model, d = build_convs2s(args.beam)
+            fairseqs = fairseqs.to(args.device, DTYPES[args.precision])
+        else:
+            model, d = build(name)
         model = model.to(args.device, DTYPES[args.precision])
         for batch in args.batch_sizes:
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
@@ -281,7 +301,8 @@ def main() -> None:
             batches = [batch_of(items[i : i + batch], d, args.device)
                        for i in range(0, count, batch)]  # fmt: skip
             # a model each: fairseq's forwards make our prepared weights (and graphs) anew
-            models = {s: copy.deepcopy(model) for s in args.systems}
+            models = {s: copy.deepcopy(fairseqs if s == "fairseq" and fairseqs else model)
+                      for s in args.systems}  # fmt: skip
             gens = {s: generator(s, models[s], d, args.beam, args.max_len_b)
                     for s in args.systems}  # fmt: skip
             times: dict[str, list[float]] = {s: [] for s in args.systems}
@@ -296,28 +317,31 @@ def main() -> None:
                 for system, gen in gens.items():
                     seconds, best[system], tokens[system] = decode(gen, models[system], batches)
                     times[system].append(seconds)
-            steps = args.max_len_b + 1
+            # a random transformer's hypotheses run to the maximum length; the convs2s is
+            # sharpened to end them earlier, so its steps are not counted
+            steps = args.max_len_b + 1 if name != "convs2s" else None
             reference = best.get("fairseq")
             for system in args.systems:
                 seconds = statistics.median(times[system])
                 kernels = busy_share(gens[system], models[system], batches[:1], args.profile,
                                      f"{name} {args.precision} batch {batch} {system}")
-                gpu_ms = None if kernels is None else 1000 * kernels / steps
-                ms = 1000 * seconds / (len(batches) * steps)
+                gpu_ms = None if kernels is None or steps is None else 1000 * kernels / steps
+                ms = None if steps is None else 1000 * seconds / (len(batches) * steps)
                 same = (
                     sum(a == b for a, b in zip(reference, best[system], strict=True))
                     if reference else None
                 )  # fmt: skip
                 row = {
                     "table": "gpu", "row": f"{name}-{args.precision}-b{batch}",
-                    "what": f"transformer {name}, {args.precision}, batch {batch}",
+                    "what": f"{_model_name(name)}, {args.precision}, batch {batch}",
                     "system": {"graphs": "ours graphs", "device": "ours no graphs",
                                "ours": "ours (other engine)"}.get(system, system),
-                    "model": f"transformer {name}", "precision": args.precision, "batch": batch,
+                    "model": _model_name(name), "precision": args.precision, "batch": batch,
                     "sentences_per_s": count / seconds,
                     "tokens_per_s": tokens[system] / seconds,
                     "ms_per_step": ms, "gpu_ms_per_step": gpu_ms,
                     "gpu_busy": None if gpu_ms is None else min(1.0, gpu_ms / ms),
+                    "gpu_ms_per_sentence": None if kernels is None else 1000 * kernels / batch,
                     "peak_mib": None,
                     "ratio": None if "fairseq" not in times else {
                         "against": "fairseq",
@@ -340,12 +364,17 @@ def main() -> None:
         print(_line(row))
 
 
+def _model_name(name: str) -> str:
+    return "convs2s random (demo shape)" if name == "convs2s" else f"transformer {name}"
+
+
 def _line(row: dict) -> str:
     ratio = row["ratio"]["value"] if row["ratio"] else None
     busy = row["gpu_busy"]
+    ms = row["ms_per_step"]
     return (
         f"| {row['model']} {row['precision']} | {row['batch']} | {row['system']} | "
-        f"{row['ms_per_step']:.3f} | {row['tokens_per_s']:.0f} | "
+        f"{'' if ms is None else f'{ms:.3f}'} | {row['tokens_per_s']:.0f} | "
         f"{'' if ratio is None else f'x{ratio:.2f}'} | "
         f"{'' if busy is None else f'{100 * busy:.0f}%'} | {row['same_as_reference'] or ''} |"
     )

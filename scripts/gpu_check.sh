@@ -2,8 +2,8 @@
 # The GPU check, in one call of a GPU machine (under 8 minutes on an H100): the CUDA tests, then
 # the device engine's bits (alone = batched = streamed, graphs or not, per precision) and whether
 # cuBLAS keeps a row's bits whatever the rows beside it, then transformers base and big in fp16
-# at batch 1 and 64: fairseq's generator, our other engine, the device engine without and with
-# CUDA graphs, side by side. Tables and logs go to $OUT (default /tmp/gpu_check); the benchmark's
+# at batch 1 and 64 and a convs2s of the demo's shape in float32: fairseq's generator, our other
+# engine, the device engine without and with CUDA graphs, side by side. Tables and logs go to $OUT (default /tmp/gpu_check); the benchmark's
 # rows to $OUT/gpu.jsonl (the schema of benchmarks/results).
 # Wheels the machine lacks (fairseq and what it needs), if carried in .whl/, are installed first.
 set -uo pipefail
@@ -24,6 +24,10 @@ timeout 90 python3 scripts/bench_gpu_step.py --checks --models tiny --batch-size
 timeout 240 python3 scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 \
     --precision fp16 --results "$OUT/gpu.jsonl" --profile "$OUT/profile.txt" 2>&1 \
     | grep -v "INFO\|DEBUG" | tee "$OUT/bench.txt"
+# convs2s of the demo's shape (random weights) against fairseq's fconv, float32
+timeout 120 python3 scripts/bench_gpu_step.py --models convs2s --batch-sizes 1 64 \
+    --precision float32 --batch-1-sentences 32 --sentences 512 --results "$OUT/gpu.jsonl" 2>&1 \
+    | grep -v "INFO\|DEBUG" | tee -a "$OUT/bench.txt"
 # float32: fairseq's outputs, and what the fixed-row-count products cost
 timeout 90 python3 scripts/bench_gpu_step.py --models base --batch-sizes 64 --precision float32 \
     --systems fairseq ours graphs --results "$OUT/gpu.jsonl" 2>&1 | grep -v "INFO\|DEBUG" \

@@ -43,9 +43,13 @@ def _identical(a: list[dict], b: list[dict]) -> bool:
 )  # fmt: skip
 @pytest.mark.parametrize("shape", [{}, {"encoder_normalize_before": True,
                                         "decoder_normalize_before": True,
-                                        "decoder_learned_pos": True}], ids=["post", "pre"])
+                                        "decoder_learned_pos": True}, "convs2s"],
+                         ids=["post", "pre", "convs2s"])  # fmt: skip
 def test_equals_the_other_engine_and_fairseq(vocab, shape, options):
-    model = BUILDERS["transformer"](vocab, 1, **shape)
+    if shape == "convs2s":
+        model = BUILDERS["convs2s"](vocab, 1)
+    else:
+        model = BUILDERS["transformer"](vocab, 1, **shape)
     sample = make_batch(vocab, 8, seed=3)
     ours = _generator(model, vocab, **options)
     other = _generator(model, vocab, device_engine="off", **options)
@@ -72,12 +76,14 @@ def _stream(generator: SequenceGenerator, sentences: list[torch.Tensor], capacit
 
 
 @pytest.mark.exact
-@pytest.mark.parametrize("precision", [torch.float32, torch.bfloat16])
-def test_each_sentence_alone_batched_and_streamed_bit_for_bit(precision):
+@pytest.mark.parametrize(("arch", "precision"), [("transformer", torch.float32),
+                                                 ("transformer", torch.bfloat16),
+                                                 ("convs2s", torch.float32)], ids=str)
+def test_each_sentence_alone_batched_and_streamed_bit_for_bit(arch, precision):
     """Sentences joining mid-search, leaving, moved into lower slots, in buckets of 1 to 8
     slots and other widths: each gets what it gets alone."""
     vocab = word_dictionary(24)
-    model = BUILDERS["transformer"](vocab, 2, eos_boost=4.0).to(precision)
+    model = BUILDERS[arch](vocab, 2).to(precision)
     sample = make_batch(vocab, 13, seed=6)
     sentences = [utils.strip_pad(row, vocab.pad()) for row in sample["net_input"]["src_tokens"]]
     # each sentence's maximum length its own (max_len_a): they end at different steps
@@ -191,8 +197,8 @@ def test_what_it_does_not_decode_goes_to_the_other_engine(vocab, options):
     model = BUILDERS["transformer"](vocab, 1)
     gen = _generator(model, vocab, beam_size=2, **options)
     assert isinstance(open_engine(gen.model, gen.options), DecodingEngine)
-    convs2s = _generator(BUILDERS["convs2s"](vocab, 1), vocab, beam_size=2)
-    assert isinstance(open_engine(convs2s.model, convs2s.options), DecodingEngine)
+    fconv = _generator(BUILDERS["fconv"](vocab, 1), vocab, beam_size=2)
+    assert isinstance(open_engine(fconv.model, fconv.options), DecodingEngine)
 
 
 @pytest.mark.parametrize("options", [dict(beam_size=3), dict(beam_size=2, min_len=4,

@@ -11,7 +11,7 @@ knows which sentences ended before the host does, so nothing it runs for a retir
 touches what the host reads. The same code runs on the CPU (no graphs, copies that need no
 wait), where tests check it against the engine of beamplugin.engine.engine.
 
-What it serves: one fairseq transformer, fairseq's stopping and per-step rules, forced
+What it serves: one fairseq transformer or convs2s, fairseq's stopping and per-step rules, forced
 prefixes but those that force EOS (beamplugin.search.fixed_rows_step.unsupported says what else
 it leaves to the other engine).
 """
@@ -32,12 +32,13 @@ from beamplugin.engine.fixed_rows import (
     EndedRows,
     FixedRows,
     HostCopy,
+    bucket,
     fixed_rows_for,
+    serves,
 )
 from beamplugin.engine.model_runner import encode
 from beamplugin.engine.requests import Finished, Request
 from beamplugin.engine.scheduler import Scheduler, Waiting
-from beamplugin.models.fixed_rows_transformer import bucket, serves
 from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.search.fixed_rows_step import unsupported
 from beamplugin.search.nbest import Hypothesis, NBest
@@ -49,7 +50,7 @@ def why_not(model: EnsembleDecoder, options: DecodingOptions) -> str | None:
     if len(model.models) != 1 or model.lm_model is not None:
         return "an ensemble or a language model"
     if not model.mixes_steps or not serves(model.models[0]):
-        return "a model other than fairseq's transformer"
+        return "a model other than fairseq's transformer and our convs2s"
     return unsupported(options)
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from beamplugin.engine.ensemble import EnsembleDecoder, search_log_probs
-from beamplugin.models.fixed_rows_transformer import FixedRowsTransformer, bucket
+from beamplugin.models import fixed_rows_convs2s, fixed_rows_transformer
 from beamplugin.runtime.host_transfer import to_device
 from beamplugin.search import fixed_rows_step
 from beamplugin.search.fixed_rows_step import ENDED, ROW, SLOT, Rules, SearchState
@@ -29,6 +29,18 @@ from beamplugin.search.options import DecodingOptions
 logger = logging.getLogger(__name__)
 
 LEAST_COLUMNS = 16  # the narrowest bucket of token columns and of source positions
+
+
+def serves(model: object) -> bool:
+    """Whether fixed rows decode ``model`` (one of an ensemble's models, as the engine sees it:
+    a fairseq transformer, or our convs2s)."""
+    return fixed_rows_transformer.serves(model) or fixed_rows_convs2s.serves(model)
+
+
+def _decoder_state(model: object) -> type:
+    if fixed_rows_transformer.serves(model):
+        return fixed_rows_transformer.FixedRowsTransformer
+    return fixed_rows_convs2s.FixedRowsConvS2S
 
 
 class Capacity(NamedTuple):
@@ -73,8 +85,9 @@ class EndedRows(NamedTuple):
 
 
 class FixedRows:
-    """The rows of ``model`` (one fairseq transformer) and of the search with ``options`` on
-    ``device``; steps as CUDA graphs where ``graphs`` and the device is a GPU."""
+    """The rows of ``model`` (one fairseq transformer or convs2s) and of the search with
+    ``options`` on ``device``; steps as CUDA graphs where ``graphs`` and the device is a
+    GPU."""
 
     def __init__(
         self, model: EnsembleDecoder, options: DecodingOptions, device: torch.device,
@@ -86,7 +99,7 @@ class FixedRows:
         self.device = device
         self.dtype = next(self.view.parameters()).dtype
         self.capacity = Capacity(0, 0, 0, 0)
-        self.decoder: FixedRowsTransformer | None = None
+        self.decoder: Any = None  # the model's fixed-rows state (beamplugin.models.fixed_rows_*)
         self.search: SearchState | None = None
         self.rules: Rules | None = None
         cuda = device.type == "cuda"
@@ -96,7 +109,7 @@ class FixedRows:
         self._graphs: dict[Bucket, Any] = {}
         self._warm: set[Bucket] = set()
         self._eager: set[Bucket] = set()  # buckets whose capture failed: run eagerly
-        self._weights: Any = None  # the prepared weights the graphs read
+        self._weights: tuple = ()  # what the graphs read of the model's weights
 
     def streamed(self) -> Any:
         """The context in which everything of these rows runs (their stream on a GPU)."""
@@ -120,7 +133,7 @@ class FixedRows:
             return
         slots, columns, sources, prefix = want
         if self.decoder is None:
-            self.decoder = FixedRowsTransformer(
+            self.decoder = _decoder_state(self.view)(
                 self.view, slots, self.beam, columns, sources, self.dtype, self.device
             )
             self.search = SearchState.empty(slots, self.beam, columns, self.device, prefix)
@@ -142,9 +155,11 @@ class FixedRows:
         lengths, first tokens and forced prefixes (``[sentences, width]``, pad: free choice;
         or None); each starts with one live hypothesis (score 0) and beam - 1 dead ones."""
         beam, search, device = self.beam, self.search, self.device
+        self._check_weights()
         slots_dev = to_device(slots, device)
         self.decoder.write_memory(slots_dev, encoder_out, first, len(slots))
         rows = _rows_of(slots_dev, beam)
+        self.decoder.clear(rows)
         bos_rows = to_device(bos, device).unsqueeze(1).expand(-1, beam).reshape(-1)
         search.tokens[rows, 0] = bos_rows
         search.cumulative[rows, 0] = 0.0
@@ -163,6 +178,17 @@ class FixedRows:
         search.active[slots_dev] = True
         search.done[slots_dev] = False
         search.counts[slots_dev] = 0
+
+    def _check_weights(self) -> None:
+        """Drop the graphs if the model's weights are not those they read: changed, or made
+        ready again (a fairseq transformer's prepared weights are made anew after fairseq's own
+        forward ran)."""
+        weights = getattr(getattr(self.view.decoder, "weights", None), "decoder_layers", None)
+        key = (id(weights), *((p.data_ptr(), _version(p)) for p in self.view.parameters()))
+        if key != self._weights:
+            self._graphs.clear()
+            self._warm.clear()
+            self._weights = key
 
     def deactivate(self, slots: list[int]) -> None:
         """Stop searching in ``slots`` (cancelled sentences)."""
@@ -191,11 +217,6 @@ class FixedRows:
 
     def step(self, size: Bucket) -> None:
         """One step of the first ``size.slots`` slots: a graph replayed, or run eagerly."""
-        weights = self.view.decoder.weights.decoder_layers
-        if weights is not self._weights:  # made again (the model changed): capture again
-            self._graphs.clear()
-            self._warm.clear()
-            self._weights = weights
         if not self.graphs_on or size in self._eager:
             self._step(size)
             return
@@ -267,6 +288,19 @@ class FixedRows:
         event = torch.cuda.Event()
         event.record(self.stream)
         return HostCopy(copies, event)
+
+
+def _version(tensor: Tensor) -> int:
+    """A tensor's version counter (inference tensors have none: they never change)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return 0
+
+
+def bucket(count: int, least: int = 1) -> int:
+    """The power of two at or above ``count`` (and ``least``): the sizes steps are padded to."""
+    return max(least, 1 << max(0, math.ceil(math.log2(max(count, 1)))))
 
 
 def _rows_of(slots: Tensor, beam: int) -> Tensor:

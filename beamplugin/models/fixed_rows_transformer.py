@@ -16,8 +16,6 @@ after the row's own terms.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from fairseq.modules import LearnedPositionalEmbedding
@@ -31,10 +29,12 @@ from beamplugin.models.mixed_step_transformer import (
     _post_norm,
 )
 from beamplugin.models.transformer_weights import LayerWeights
+from beamplugin.modules.row_attention import attend, own_columns
 
 
 def serves(model: object) -> bool:
-    """Whether this path decodes ``model`` (one of an ensemble's models, as the engine sees it)."""
+    """Whether this path decodes ``model`` (one of an ensemble's models, as the engine sees it:
+    fairseq's transformer through its mixed-step view)."""
     return isinstance(model, MixedStepTransformer)
 
 
@@ -85,12 +85,7 @@ class FixedRowsTransformer:
         # the last columns: a source's own (padding for the vector lanes comes before them)
         width = min(memory["bias"].size(3), self.sources)
         cut = slice(first, first + count)
-        own = memory["bias"][cut, 0, 0, -width:].isfinite()
-        lengths = own.sum(1)
-        # column j of a sentence of length n is column width - n + j of its padded memory
-        columns = torch.arange(width, device=own.device)
-        taken = (columns + (width - lengths).unsqueeze(1)).clamp_(max=width - 1)
-        mask = columns < lengths.unsqueeze(1)
+        taken, mask = own_columns(memory["bias"][cut, 0, 0, -width:].isfinite())
         keys = torch.stack([memory[f"keys{i}"][cut, ..., -width:] for i in range(self.layers)])
         values = torch.stack([memory[f"values{i}"][cut, :, -width:] for i in range(self.layers)])
         keys = keys.transpose(3, 4)  # layers, sentences, heads, width, head_dim
@@ -102,6 +97,10 @@ class FixedRowsTransformer:
         self.memory[:, :, :, :width].index_copy_(1, slots, both)
         self.source_mask.index_fill_(0, slots, False)
         self.source_mask[:, :width].index_copy_(0, slots, mask)
+
+    def clear(self, rows: Tensor) -> None:
+        """New sentences' rows: nothing to clear (their history's columns are masked until
+        written)."""
 
     def move(
         self, history_rows: Tensor, new_rows: Tensor, old: Tensor, new: Tensor, columns: int
@@ -158,7 +157,7 @@ class FixedRowsTransformer:
         keys[at, :, positions] = qkv[:, embed : 2 * embed].view(rows, heads, head_dim)
         values[at, :, positions] = qkv[:, 2 * embed :].view(rows, heads, head_dim)
         query = qkv[:, :embed].view(rows, heads, 1, head_dim)
-        context = _attend(query, keys[:rows], values[:rows], own)
+        context = attend(query, keys[:rows], values[:rows], own)
         x = prepared.self_out.plus(context.view(rows, embed), x, _post_norm(norm, before))
         norm = layer.encoder_attn_layer_norm
         query = prepared.cross_query(_norm_input(norm, before, x))
@@ -166,7 +165,7 @@ class FixedRowsTransformer:
         query = query.view(slots, self.beam, heads, head_dim).transpose(1, 2)
         keys = self.memory[2 * index, :slots, :, :sources]
         values = self.memory[2 * index + 1, :slots, :, :sources]
-        context = _attend(query, keys, values, memory_mask)
+        context = attend(query, keys, values, memory_mask)
         context = context.transpose(1, 2).reshape(rows, embed)
         x = prepared.cross_out.plus(context, x, _post_norm(norm, before))
         return _feed_forward(layer, prepared, x)
@@ -190,25 +189,3 @@ class FixedRowsTransformer:
         if d.layernorm_embedding is not None:
             x = d.layernorm_embedding(x)
         return x
-
-
-def _attend(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """Attention of ``query`` ``[batch, heads, queries, head_dim]`` (scaled) over ``keys`` and
-    ``values`` ``[batch, heads, width, head_dim]`` where ``mask`` ``[batch, 1, 1, width]``.
-
-    On a GPU one fused kernel (a block of its grid per batch entry and head: what a row gets
-    does not depend on the others). On the CPU torch's fused attention and batched products
-    take other paths for other batch sizes, so there the products are sums over the last
-    dimension, the same for every row whatever the batch (and the masked columns after a
-    row's own add exact zeros)."""
-    if query.is_cuda:
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=1.0)
-    scores = (query.unsqueeze(3) * keys.unsqueeze(2)).sum(-1)  # batch, heads, queries, width
-    scores = scores.masked_fill(~mask, -math.inf)
-    probs = torch.softmax(scores, -1, dtype=torch.float32).to(values.dtype)
-    return (probs.unsqueeze(-1) * values.unsqueeze(2)).sum(-2)
-
-
-def bucket(count: int, least: int = 1) -> int:
-    """The power of two at or above ``count`` (and ``least``): the sizes steps are padded to."""
-    return max(least, 1 << max(0, math.ceil(math.log2(max(count, 1)))))

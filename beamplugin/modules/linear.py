@@ -240,6 +240,10 @@ def linear(
     ``packed``, if given, returns :func:`pack_weight` of ``weight``; it is only called on that
     path (a cache lookup or a packing that the other path does not need)."""
     if not uses_packed_products(x, weight):
+        if x.is_cuda and x.dtype == torch.float32 and not torch.is_grad_enabled():
+            return rows_in_chunks(x.reshape(-1, x.size(-1)), weight, bias).view(
+                *x.shape[:-1], weight.size(0)
+            )
         return F.linear(x, weight, bias)
     layout = packed() if packed is not None else pack_weight(weight)
     # oneDNN also takes a plain weight (and lays it out at each call)
