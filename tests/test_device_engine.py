@@ -66,10 +66,10 @@ def test_equals_the_other_engine_and_fairseq(vocab, shape, options):
         assert_same(reference, out, check_attention=False)
 
 
-def _stream(generator: SequenceGenerator, sentences: list[torch.Tensor], capacity: int,
-            steps_per_call: int | None = None) -> tuple[dict, DeviceEngine]:  # fmt: skip
-    engine = DeviceEngine(generator.model, generator.options, max_sentences=capacity,
-                          steps_per_call=steps_per_call)  # fmt: skip
+def _stream(generator: SequenceGenerator, sentences: list[torch.Tensor], capacity: int
+            ) -> tuple[dict, DeviceEngine]:  # fmt: skip
+    engine = open_engine(generator.model, generator.options, max_sentences=capacity)
+    assert isinstance(engine, DeviceEngine)
     requests = [sentence_request(i, s, None) for i, s in enumerate(sentences)]
     with torch.inference_mode():
         return {f.key: f.hypotheses for f in run(engine, IteratorSource(requests))}, engine
@@ -90,8 +90,8 @@ def test_each_sentence_alone_batched_and_streamed_bit_for_bit(arch, precision):
     gen = _generator(model, vocab, beam_size=2, max_len_a=1.0, max_len_b=10)
     alone = [gen.generate([model], {"net_input": {"src_tokens": s[None], "src_lengths": None}})[0]
              for s in sentences]  # fmt: skip
-    for capacity, steps_per_call in ((3, None), (8, None), (4, 3)):
-        streamed, engine = _stream(gen, sentences, capacity, steps_per_call)
+    for capacity in (3, 8):
+        streamed, engine = _stream(gen, sentences, capacity)
         assert engine.refills > 0
         assert all(_identical(alone[i], streamed[i]) for i in range(len(sentences)))
 
@@ -118,8 +118,7 @@ def test_buckets_and_moves_happen(monkeypatch):
     gen = _generator(model, vocab, beam_size=2, max_len_a=1.0, max_len_b=10)
     sizes, moves = set(), []
     step, move = FixedRows.step, FixedRows.move
-    monkeypatch.setattr(FixedRows, "step",
-                        lambda self, size, count=1: (sizes.add(size), step(self, size, count)))
+    monkeypatch.setattr(FixedRows, "step", lambda self, size: (sizes.add(size), step(self, size)))
     monkeypatch.setattr(FixedRows, "move",
                         lambda self, *a: (moves.append(a), move(self, *a)))  # fmt: skip
     _stream(gen, sentences, 8)

@@ -44,11 +44,6 @@ from beamplugin.search.fixed_rows_step import unsupported
 from beamplugin.search.nbest import Hypothesis, NBest
 from beamplugin.search.options import DecodingOptions
 
-# Steps in one call of the device by the slots a step runs, where steps are CUDA graphs: on an
-# H100 a step of a base transformer at one sentence took 0.63 ms of GPU time and about 0.9 ms of
-# the host's (docs/speed.md, "The device engine"); from 4 slots the GPU's time is the longer
-HOST_BOUND_STEPS = {1: 4, 2: 2}
-
 
 def why_not(model: EnsembleDecoder, options: DecodingOptions) -> str | None:
     """Why the device engine cannot decode ``model`` with ``options`` (None: it can)."""
@@ -75,13 +70,11 @@ class Resident:
 class DeviceEngine:
     """Beam search with ``options`` over ``model`` on fixed rows (see the module's text): the
     interface of beamplugin.engine.engine.DecodingEngine, with ``graphs``: CUDA graphs where
-    the device is a GPU, and ``steps_per_call``: steps a call of the device takes (None: see
-    :meth:`_steps_now`)."""
+    the device is a GPU."""
 
     def __init__(
         self, model: EnsembleDecoder, options: DecodingOptions, max_sentences: int | None = None,
         max_tokens: int | None = None, bos_token: int | None = None, graphs: bool = True,
-        steps_per_call: int | None = None,
     ) -> None:  # fmt: skip
         reason = why_not(model, options)
         if reason is not None:
@@ -93,7 +86,6 @@ class DeviceEngine:
         self.max_sentences = max_sentences
         self.bos = options.eos if bos_token is None else bos_token
         self.graphs = graphs
-        self.steps_per_call = steps_per_call
         self.rows: FixedRows | None = None
         self.occupants: list[Resident | None] = []  # per slot
         self._residents: list[Resident] = []  # in flight, or retired and not yet returned
@@ -194,51 +186,32 @@ class DeviceEngine:
     # ---- a step ------------------------------------------------------------------------------
 
     def step(self) -> list[Finished]:
-        """Enqueue the next steps of every sentence in flight (one call of the device: one
-        step, or a few where a GPU step is too short for the host's work between two), and
-        read the last call's status: returns the sentences whose results have come back."""
+        """Enqueue a step of every sentence in flight, and read the last one's status: returns
+        the sentences whose results have come back."""
         rows = self.rows
         if rows is None:
             return []
         with rows.streamed():
             in_flight = self._in_flight()
-            count = self._steps_now(in_flight)
-            if count:
-                self.steps += count
-                size = self._bucket(in_flight, count)
+            if in_flight:
+                self.steps += 1
+                size = self._bucket(in_flight)
                 snapshot = self.occupants[: size.slots]
-                rows.step(size, count)
+                rows.step(size)
                 for resident in in_flight:
-                    resident.step += count
+                    resident.step += 1
                 self._statuses.append((snapshot, rows.done_flags()))
             finished = self._deliver()
-            while len(self._statuses) > (1 if count else 0):
+            while len(self._statuses) > (1 if in_flight else 0):
                 self._retire(*self._statuses.popleft())
             self._retire_cancelled()
             self._compact()
         return finished
 
-    def _steps_now(self, in_flight: list[Resident]) -> int:
-        """Steps in the next call: none once every sentence took its longest search (the
-        device has ended them all); else ``steps_per_call``, or by default several while few
-        slots run (a step of few rows is shorter on a GPU than the host's work around it, which
-        a call of several steps pays once), one while sentences wait for a slot."""
-        if not in_flight:
-            return 0
-        left = max(s.max_len + 1 - s.step for s in in_flight)
-        count = self.steps_per_call
-        if count is None:
-            slots = bucket(1 + max(s.slot for s in in_flight))
-            count = HOST_BOUND_STEPS.get(slots, 1) if self.rows.graphs_on else 1
-        if self.waiting and len(in_flight) < len(self.occupants):
-            count = 1
-        return max(0, min(count, left))
-
-    def _bucket(self, in_flight: list[Resident], count: int) -> Bucket:
+    def _bucket(self, in_flight: list[Resident]) -> Bucket:
         capacity = self.rows.capacity
         slots = bucket(1 + max(s.slot for s in in_flight))
-        last = max(min(s.step + count - 1, s.max_len) for s in in_flight)
-        columns = bucket(1 + last, LEAST_COLUMNS)
+        columns = bucket(1 + max(min(s.step, s.max_len) for s in in_flight), LEAST_COLUMNS)
         # every source position the capacity holds: fewer graphs, and the cross-attention's
         # extra masked columns cost little beside a graph captured for each width
         return Bucket(slots, min(columns, capacity.columns), capacity.sources)

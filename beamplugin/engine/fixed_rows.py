@@ -106,9 +106,9 @@ class FixedRows:
         self.stream = torch.cuda.Stream(device) if cuda else None
         self.graphs_on = graphs and cuda
         self._pool = torch.cuda.graph_pool_handle() if self.graphs_on else None
-        self._graphs: dict[tuple[Bucket, int], Any] = {}  # by bucket and steps a call
-        self._warm: set[tuple[Bucket, int]] = set()
-        self._eager: set[tuple[Bucket, int]] = set()  # whose capture failed: run eagerly
+        self._graphs: dict[Bucket, Any] = {}
+        self._warm: set[Bucket] = set()
+        self._eager: set[Bucket] = set()  # buckets whose capture failed: run eagerly
         self._weights: tuple = ()  # what the graphs read of the model's weights
 
     def streamed(self) -> Any:
@@ -215,40 +215,34 @@ class FixedRows:
 
     # ---- a step ----------------------------------------------------------------------------
 
-    def step(self, size: Bucket, count: int = 1) -> None:
-        """``count`` steps of the first ``size.slots`` slots: a graph replayed, or run
-        eagerly."""
-        key = (size, count)
-        if not self.graphs_on or key in self._eager:
-            self._steps(size, count)
+    def step(self, size: Bucket) -> None:
+        """One step of the first ``size.slots`` slots: a graph replayed, or run eagerly."""
+        if not self.graphs_on or size in self._eager:
+            self._step(size)
             return
-        graph = self._graphs.get(key)
+        graph = self._graphs.get(size)
         if graph is None:
-            if key not in self._warm:  # the first run warms up cuBLAS and the allocator
-                self._warm.add(key)
-                self._steps(size, count)
+            if size not in self._warm:  # the first run warms up cuBLAS and the allocator
+                self._warm.add(size)
+                self._step(size)
                 return
-            graph = self._capture(size, count)
+            graph = self._capture(size)
             if graph is None:
-                self._steps(size, count)
+                self._step(size)
                 return
         graph.replay()
 
-    def _capture(self, size: Bucket, count: int) -> Any:
+    def _capture(self, size: Bucket) -> Any:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool, stream=self.stream):
-                self._steps(size, count)
+                self._step(size)
         except RuntimeError as error:  # run it eagerly: slower, the same results
-            logger.warning("steps of %s could not be captured as a CUDA graph: %s", size, error)
-            self._eager.add((size, count))
+            logger.warning("a step of %s could not be captured as a CUDA graph: %s", size, error)
+            self._eager.add(size)
             return None
-        self._graphs[size, count] = graph
+        self._graphs[size] = graph
         return graph
-
-    def _steps(self, size: Bucket, count: int) -> None:
-        for _ in range(count):  # a sentence that ends stops searching on the device
-            self._step(size)
 
     def _step(self, size: Bucket) -> None:
         """The step itself: static tensors in, static tensors out."""
