@@ -219,13 +219,21 @@ def test_forced_prefixes_as_the_other_engine_and_fairseq(vocab, options):
                     check_attention=False)  # fmt: skip
 
 
-def test_a_prefix_that_forces_eos_is_refused_with_a_clear_error(vocab):
-    model = BUILDERS["transformer"](vocab, 1)
-    gen = _generator(model, vocab, beam_size=2)
-    engine = open_engine(gen.model, gen.options)
-    request = sentence_request(0, torch.tensor([5, 6, vocab.eos()]), torch.tensor([7, vocab.eos()]))
-    with pytest.raises(ValueError, match="EOS"):
-        engine.check(request)
+def test_prefixes_that_force_eos_as_the_other_engine_and_fairseq(vocab):
+    """A prefix that holds EOS (a short reference under fairseq-generate --prefix-size): every
+    beam becomes a copy of the first there, as in fairseq."""
+    model = BUILDERS["transformer"](vocab, 2)
+    sample = make_batch(vocab, 5, seed=13)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(vocab.nspecial, len(vocab), (5, 3), generator=g)
+    prefix[0, 1] = prefix[2, 2] = vocab.eos()
+    prefix[0, 2] = vocab.pad()
+    ours = _generator(model, vocab, beam_size=3)
+    out = ours.generate([model], sample, prefix_tokens=prefix)
+    other = _generator(model, vocab, beam_size=3, device_engine="off")
+    assert_same(other.generate([model], sample, prefix_tokens=prefix), out, check_attention=False)
+    ref = FairseqGenerator([model], vocab, beam_size=3, max_len_b=20)
+    assert_same(ref.generate([model], sample, prefix_tokens=prefix), out, check_attention=False)
 
 
 def test_auto_keeps_the_other_engine_on_the_cpu(vocab):

@@ -108,13 +108,14 @@ def trained_transformer(tmp_path_factory):
     return data, ckpt / "checkpoint_last.pt"
 
 
+@pytest.mark.parametrize("engine", [[], ["--device-engine", "on"]], ids=["engine", "device"])
 def test_generate_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypotheses(
-    trained_transformer,
+    trained_transformer, engine
 ):
     data, ckpt = trained_transformer
     common = ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
               "--beam", "4", "--cpu", "--gen-subset", "test", "--batch-size", "16"]
-    ours = run_tool(*common, "--task", "beam_translation")
+    ours = run_tool(*common, "--task", "beam_translation", *engine)
     fairseq = run_tool(*common, "--task", "translation")  # fairseq's own generator
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == list(range(N_TEST))
@@ -124,6 +125,7 @@ def test_generate_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypothes
         assert_same_lines(mine[sentence_id], reference[sentence_id])
     joined = re.search(r"(\d+) sentences joined others mid-search", ours.stderr + ours.stdout)
     assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
+    assert ("the device engine decodes" in ours.stderr + ours.stdout) == bool(engine)
 
 
 TRANSFORMER_LINES = ["w1 w2 w3", "w5", "w7 w7 w8 w9 w10", "w3 w2", "w4 w4 w4 w6",

@@ -12,8 +12,8 @@ touches what the host reads. The same code runs on the CPU (no graphs, copies th
 wait), where tests check it against the engine of beamplugin.engine.engine.
 
 What it serves: one fairseq transformer or convs2s, fairseq's stopping and per-step rules, forced
-prefixes but those that force EOS (beamplugin.search.fixed_rows_step.unsupported says what else
-it leaves to the other engine).
+prefixes (beamplugin.search.fixed_rows_step.unsupported says what it leaves to the other
+engine).
 """
 
 from __future__ import annotations
@@ -115,9 +115,6 @@ class DeviceEngine:
 
     def check(self, request: Request) -> None:
         """Raise ValueError if ``request`` can never be decoded here; else set its max_len."""
-        prefix = request.prefix_tokens
-        if prefix is not None and prefix.numel() and bool(prefix.eq(self.options.eos).any()):
-            raise ValueError("the device engine decodes no forced prefix that holds EOS")
         self.scheduler.check(request)
 
     def wants_requests(self) -> bool:

@@ -326,4 +326,7 @@ def fixed_rows_for(
     key = (options, device, graphs)
     if key not in kept:
         kept[key] = FixedRows(model, options, device, graphs)
+        logger.info("the device engine decodes on %s, %s", device,
+                    "its steps as CUDA graphs" if kept[key].graphs_on else "one kernel at a time")
+
     return kept[key]

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 BATCHING_CHOICES = ChoiceEnum(["continuous", "static"])
 STOPPING_CHOICES = ChoiceEnum(["fairseq", "exact"])
 LENPEN_CHOICES = ChoiceEnum(["fairseq", "gnmt"])
+DEVICE_ENGINE_CHOICES = ChoiceEnum(["auto", "on", "off"])
 
 
 @dataclass
@@ -69,6 +70,19 @@ class BeamSearchConfig(FairseqDataclass):
             "them; the output projection multiplies those columns alone. Changes results: "
             "docs/fairseq.md"
         },
+    )
+    device_engine: DEVICE_ENGINE_CHOICES = field(
+        default="auto",
+        metadata={
+            "help": "the whole beam step on the device, each sentence in fixed rows, steps as "
+            "CUDA graphs: 'auto' on a GPU (for a transformer or convs2s, without "
+            "--print-alignment, --no-repeat-ngram-size, --match-source-len, --search-stop "
+            "exact or a vocabulary map), 'on' also on the CPU, 'off' never"
+        },
+    )
+    no_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "the device engine's steps run one kernel at a time (to compare)"},
     )
     int8: bool = field(
         default=False,
@@ -231,6 +245,8 @@ class BeamSearchTask:
             # its alignment
             attention=bool(getattr(args, "print_alignment", None)),
             shortlist=shortlist,
+            device_engine=str(options.device_engine),
+            cuda_graphs=not options.no_cuda_graphs,
         )
         return FairseqTask.build_generator(
             self, models, args, seq_gen_cls=SequenceGenerator, extra_gen_cls_kwargs=kwargs

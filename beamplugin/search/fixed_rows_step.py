@@ -185,12 +185,13 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     row_steps = _each_row(steps, beam)
     mask(lprobs, row_steps, _each_row(max_lens, beam), _each_row(forced, beam),
          _each_row(in_prefix, beam), rules)  # fmt: skip
+    first_rows = torch.arange(0, rows, beam, device=device).unsqueeze(1)
+    lprobs = _first_beam_where_eos_forced(lprobs, state, forced.eq(eos), first_rows, columns)
     total = (lprobs.view(slots, beam, vocab) + state.scores[:slots].unsqueeze(2)).view(slots, -1)
     cand_scores, flat = torch.topk(total, 2 * beam)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
     cand_tokens = flat.remainder(vocab)
     ends = cand_tokens.eq(eos) & cand_scores.ne(-math.inf)
-    first_rows = torch.arange(0, rows, beam, device=device).unsqueeze(1)
     _keep_ended(state, rules, slots, columns, active, steps, ends, cand_scores,
                 first_rows + cand_beams[:, :beam])  # fmt: skip
     order = torch.sort(ends, dim=1, stable=True).indices[:, :beam]
@@ -216,6 +217,25 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     state.steps[:slots] = steps + active.long()
     state.done[:slots] |= finished
     state.active[:slots] = active & ~finished
+
+
+def _first_beam_where_eos_forced(
+    lprobs: Tensor, state: SearchState, eos_forced: Tensor, first_rows: Tensor, columns: int
+) -> Tensor:
+    """Where a forced prefix forces EOS now (``eos_forced`` ``[slots]``), every beam of the
+    sentence becomes a copy of its first (log-probs, tokens, scores), as fairseq's
+    ``replicate_first_beam``: the only beam that followed the prefix."""
+    slots = eos_forced.size(0)
+    beam = lprobs.size(0) // slots
+    rows = torch.arange(lprobs.size(0), device=lprobs.device)
+    source = torch.where(_each_row(eos_forced, beam), _each_row(first_rows.view(-1), beam), rows)
+    width = columns + 1
+    tokens, cumulative = state.tokens[:, :width], state.cumulative[:, :width]
+    tokens[: rows.size(0)] = tokens.index_select(0, source)
+    cumulative[: rows.size(0)] = cumulative.index_select(0, source)
+    scores = state.scores[:slots]
+    scores.copy_(torch.where(eos_forced.unsqueeze(1), scores[:, :1].expand_as(scores), scores))
+    return lprobs.index_select(0, source)
 
 
 def _keep_ended(
