@@ -37,14 +37,17 @@ test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /us
 
 # Our kernels against torch's on each instruction set this CPU runs; speed against fairseq, the
 # roofline (the decode against its matrix products alone) and the precision table (bf16 and
-# int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS go to the last three (e.g.
-# ARGS="--path CKPT --data DATA-BIN").
+# int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS go to those three (e.g.
+# ARGS="--path CKPT --data DATA-BIN"); then the GPU's code path (the device engine) on the CPU
+# beside the other engine: its host time a step, watched without a GPU.
 bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_kernels.py --threads 1
 	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_roofline.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_precision.py --precisions bf16 int8 $(or $(ARGS),--random \
 		--batch-sizes 1 64 --max-sentences 64 --repeats 2)
+	$(BIN)/python scripts/bench_gpu_step.py --device cpu --models tiny --batch-sizes 1 64 \
+		--sentences 128 --rounds 2 --precision float32 --systems ours device
 
 # The results tables of README.md and docs/ rewritten from benchmarks/results/*.jsonl, the one
 # place figures are written (tests/test_results_tables.py fails while a table differs).

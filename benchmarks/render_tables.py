@@ -72,15 +72,21 @@ def _ratio(record: Record, reference: Record | None) -> str | None:
 
 
 def cell(record: Record, reference: Record | None) -> str:
-    """One system's figures: absolute ones first, then its ratio and its agreement."""
+    """One system's figures: absolute ones first, then its ratio and its agreement. A GPU row
+    shows one speed (at batch 1 a step's time, else tokens/s: the goals' terms)."""
     parts = []
     units = (
         ("ms_per_step", "ms/step"), ("tokens_per_s", "tok/s"), ("sentences_per_s", "sent/s"),
         ("us_per_call", "us"),
     )  # fmt: skip
+    if record["table"] == "gpu":
+        preferred = units if record.get("batch") == 1 else units[1:]
+        units = tuple(u for u in preferred if record.get(u[0]) is not None)[:1]
     for field, unit in units:
         if record.get(field) is not None:
-            parts.append(f"{_number(record[field])} {unit}")
+            value = record[field]
+            shown = f"{value:.2f}" if field == "ms_per_step" else _number(value)
+            parts.append(f"{shown} {unit}")
     if record.get("bleu") is not None:
         parts.append(f"BLEU {record['bleu']:.2f}")
     if record.get("peak_mib") is not None:
