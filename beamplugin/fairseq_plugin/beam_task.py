@@ -76,7 +76,7 @@ class BeamSearchConfig(FairseqDataclass):
         metadata={
             "help": "the whole beam step on the device, each sentence in fixed rows, steps as "
             "CUDA graphs: 'auto' on a GPU (for a transformer or convs2s, without "
-            "--print-alignment, --no-repeat-ngram-size, --match-source-len, --search-stop "
+            "--print-alignment, --match-source-len, --search-stop "
             "exact or a vocabulary map), 'on' also on the CPU, 'off' never"
         },
     )

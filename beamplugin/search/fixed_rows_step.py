@@ -34,7 +34,6 @@ def unsupported(options: DecodingOptions) -> str | None:
     reasons = {
         "stopping='exact'": options.stopping != "fairseq",
         "match_source_len": options.match_source_len,
-        "no_repeat_ngram_size": options.no_repeat_ngram_size > 0,
         "length constraints": options.length_constraints is not None,
         "a vocabulary shortlist": options.shortlist is not None,
         "attention or alignments": options.attention or options.print_alignment is not None,
@@ -185,6 +184,9 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     row_steps = _each_row(steps, beam)
     mask(lprobs, row_steps, _each_row(max_lens, beam), _each_row(forced, beam),
          _each_row(in_prefix, beam), rules)  # fmt: skip
+    if rules.options.no_repeat_ngram_size:
+        block_repeated_ngrams(lprobs, state.tokens[:rows, : columns + 1], row_steps,
+                              rules.options.no_repeat_ngram_size)  # fmt: skip
     first_rows = torch.arange(0, rows, beam, device=device).unsqueeze(1)
     lprobs = _first_beam_where_eos_forced(lprobs, state, forced.eq(eos), first_rows, columns)
     total = (lprobs.view(slots, beam, vocab) + state.scores[:slots].unsqueeze(2)).view(slots, -1)
@@ -217,6 +219,32 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     state.steps[:slots] = steps + active.long()
     state.done[:slots] |= finished
     state.active[:slots] = active & ~finished
+
+
+def block_repeated_ngrams(lprobs: Tensor, tokens: Tensor, steps: Tensor, size: int) -> None:
+    """Set to -inf, in place, every next token that would repeat an n-gram of ``size`` tokens of
+    a row's history (fairseq's ``--no-repeat-ngram-size``): ``tokens`` ``[rows, width]`` each
+    row's tokens left-aligned, BOS first, its own up to column ``steps[r]`` (what follows is
+    another row's or nothing's, never matched), ``lprobs`` ``[rows, vocab]``."""
+    context = size - 1
+    rows, width = tokens.shape
+    positions = torch.arange(width, device=tokens.device)
+    if context == 0:  # unigrams: no generated token (BOS excluded) may come again
+        generated = (positions >= 1) & (positions <= steps.unsqueeze(1))
+        penalty = torch.zeros_like(tokens, dtype=lprobs.dtype).masked_fill_(generated, -math.inf)
+        lprobs.scatter_add_(1, tokens, penalty)
+        return
+    if width <= context:
+        return
+    # the last `context` tokens of each row (clamped where it has fewer: no window then)
+    last = (steps.unsqueeze(1) - context + 1 + torch.arange(context, device=tokens.device))
+    current = tokens.gather(1, last.clamp(min=0))
+    windows = tokens.unfold(1, context, 1)[:, : width - context]  # those with a follower
+    starts = positions[: width - context]
+    earlier = starts.unsqueeze(0) <= (steps - context).unsqueeze(1)  # followed by its own token
+    matches = windows.eq(current.unsqueeze(1)).all(dim=2) & earlier
+    penalty = torch.zeros(matches.shape, dtype=lprobs.dtype, device=lprobs.device)
+    lprobs.scatter_add_(1, tokens[:, context:], penalty.masked_fill_(matches, -math.inf))
 
 
 def _first_beam_where_eos_forced(
