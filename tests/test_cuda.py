@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from builders import BUILDERS, assert_same, count_rows, make_batch
+from builders import BUILDERS, assert_identical, assert_same, count_rows, make_batch
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
@@ -155,15 +155,6 @@ def test_half_precision_on_cuda_against_fairseq_and_float32(vocab, arch, precisi
     assert max(abs(float(r["score"]) - float(o["score"])) for r, o in same) < SCORE_TOLERANCE
 
 
-def _identical(a: list[dict], b: list[dict]) -> bool:
-    return len(a) == len(b) and all(
-        x["tokens"].tolist() == y["tokens"].tolist()
-        and torch.equal(x["score"], y["score"])
-        and torch.equal(x["positional_scores"], y["positional_scores"])
-        for x, y in zip(a, b, strict=True)
-    )
-
-
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("options", [dict(beam_size=1), dict(beam_size=5),
                                      dict(beam_size=4, min_len=6)], ids=str)  # fmt: skip
@@ -198,6 +189,6 @@ def test_device_engine_alone_batched_streamed_and_graphs_bit_for_bit(vocab, prec
             requests = [sentence_request(i, s, None) for i, s in enumerate(sentences)]
             streamed = {f.key: f.hypotheses for f in run(engine, IteratorSource(requests))}
         assert engine.refills > 0
-        assert all(_identical(alone[i], streamed[i]) for i in range(len(sentences)))
+        assert_identical(alone, [streamed[i] for i in range(len(sentences))])
         results[graphs] = alone
-    assert all(_identical(a, b) for a, b in zip(results[False], results[True], strict=True))
+    assert_identical(results[False], results[True])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import BUILDERS, assert_same, make_batch, word_dictionary
+from builders import BUILDERS, assert_identical, assert_same, make_batch, word_dictionary
 from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -22,15 +22,6 @@ from beamplugin.streams import IteratorSource, run, sentence_request
 def _generator(model, vocab, **options) -> SequenceGenerator:
     options = {"max_len_b": 20, "attention": False, "device_engine": "on", **options}
     return SequenceGenerator([model], vocab, **options)
-
-
-def _identical(a: list[dict], b: list[dict]) -> bool:
-    return len(a) == len(b) and all(
-        x["tokens"].tolist() == y["tokens"].tolist()
-        and torch.equal(x["score"], y["score"])
-        and torch.equal(x["positional_scores"], y["positional_scores"])
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 @pytest.mark.parametrize(
@@ -97,7 +88,7 @@ def test_each_sentence_alone_batched_and_streamed_bit_for_bit(arch, precision):
     for capacity in (3, 8):
         streamed, engine = _stream(gen, sentences, capacity)
         assert engine.refills > 0
-        assert all(_identical(alone[i], streamed[i]) for i in range(len(sentences)))
+        assert_identical(alone, [streamed[i] for i in range(len(sentences))])
 
 
 @pytest.mark.exact
@@ -110,7 +101,7 @@ def test_a_static_batch_bit_for_bit_as_each_sentence_alone():
     alone = [gen.generate([model], {"net_input": {"src_tokens": s[None], "src_lengths": None}})[0]
              for s in sentences]  # fmt: skip
     batched = gen.generate([model], sample)
-    assert all(_identical(a, b) for a, b in zip(alone, batched, strict=True))
+    assert_identical(alone, batched)
 
 
 def test_buckets_and_moves_happen(monkeypatch):
@@ -159,8 +150,7 @@ def test_the_step_is_capturable(vocab, monkeypatch):
             inner(self, size)
 
     monkeypatch.setattr(FixedRows, "_step", guarded)
-    assert all(_identical(a, b) for a, b in zip(reference, gen.generate([model], sample),
-                                                strict=True))  # fmt: skip
+    assert_identical(reference, gen.generate([model], sample))
     assert seen
     with pytest.raises(AssertionError, match="_local_scalar_dense"):
         with _Capturable():
@@ -190,7 +180,7 @@ def test_cancelled_sentences_leave_and_others_are_unchanged(vocab):
             results.update((f.key, f.hypotheses) for f in engine.step())
     assert sorted(results) == [0, 2, 3, 5]
     assert engine.cancelled == 2
-    assert all(_identical(alone[i], results[i]) for i in results)
+    assert_identical([alone[i] for i in sorted(results)], [results[i] for i in sorted(results)])
 
 
 @pytest.mark.parametrize(
