@@ -33,7 +33,7 @@ from fairseq.token_generation_constraints import (
 )
 from torch import Tensor
 
-from beamplugin.search.beam_step import BeamStep
+from beamplugin.search.beam_step import BeamStep, top_candidates
 
 REPRESENTATIONS = ("ordered", "unordered")
 
@@ -133,9 +133,12 @@ def candidates(
     if not first:  # no EOS before every constraint is met
         unfinished = [beam for beam, state in enumerate(states) if not state.finished]
         if unfinished:
-            lprobs[torch.tensor(unfinished), eos] = -math.inf
+            lprobs[unfinished, eos] = -math.inf
+    # fairseq's torch.topk of the cumulative scores (our kernel where it serves: the same)
+    history = lprobs.new_zeros(1, 1) if first else scores.view(1, -1)
+    scores_buf, indices_buf = top_candidates(lprobs.unsqueeze(0), history, k)
+    if not first:
         lprobs = lprobs + scores.unsqueeze(-1)
-    scores_buf, indices_buf = torch.topk(lprobs.view(1, -1), k)
     beams_buf = indices_buf // vocab
     indices_buf = indices_buf.fmod(vocab)
     if not first:  # each hypothesis' best
@@ -145,26 +148,32 @@ def candidates(
         beams_buf = torch.cat((beams_buf, torch.arange(0, hypotheses).repeat(1, 1)), dim=1)
     scores_buf, indices_buf, beams_buf = scores_buf[0], indices_buf[0], beams_buf[0]
 
-    # each hypothesis' next constraint tokens (at the first step: the one hypothesis')
-    state = states[0]
-    for beam, state in enumerate(states):  # noqa: B007 (fairseq reads the last state below)
-        next_tokens = torch.tensor(list(state.next_tokens())).long()
-        if next_tokens.numel() != 0:
-            indices_buf = torch.cat((indices_buf, next_tokens))
-            beams_buf = torch.cat((beams_buf, torch.tensor(beam).repeat(next_tokens.size(0))))
-            scores_buf = torch.cat((scores_buf, lprobs[beam].take(next_tokens.view(-1))))
-        if first:
-            break
+    # each hypothesis' next constraint tokens (at the first step: the one hypothesis'), in
+    # fairseq's order, appended at once
+    reached = states[:1] if first else states
+    next_tokens, next_beams = [], []
+    for beam, state in enumerate(reached):
+        tokens = list(state.next_tokens())
+        next_tokens += tokens
+        next_beams += [beam] * len(tokens)
+    if next_tokens:
+        tokens, beams = torch.tensor(next_tokens).long(), torch.tensor(next_beams)
+        indices_buf = torch.cat((indices_buf, tokens))
+        beams_buf = torch.cat((beams_buf, beams))
+        scores_buf = torch.cat((scores_buf, lprobs[beams, tokens]))
 
     # sort by (bank, score), as fairseq does: bank weighs MAX_SCORE a token
-    cand_states = [states[beams_buf[i]].advance(indices_buf[i]) for i in range(len(indices_buf))]
+    cand_states = [
+        states[beam].advance(token)
+        for beam, token in zip(beams_buf.tolist(), indices_buf.tolist(), strict=True)
+    ]
     banks = torch.tensor([s.bank for s in cand_states])
-    constraint_tokens = len(state.tokens)
+    constraint_tokens = len(reached[-1].tokens)  # fairseq reads its loop's last state
     sort_key = (constraint_tokens - banks) * MAX_SCORE + scores_buf
     sort_indices = sort_key.sort(dim=0, descending=True).indices
     scores_buf, indices_buf = scores_buf[sort_indices], indices_buf[sort_indices]
     beams_buf, banks = beams_buf[sort_indices], banks[sort_indices]
-    cand_states = [cand_states[i] for i in sort_indices]
+    cand_states = [cand_states[i] for i in sort_indices.tolist()]
 
     # strike a candidate equal to the one before it (fairseq compares the first with the last
     # too, and then drops a state only for the others)
@@ -180,18 +189,18 @@ def candidates(
 
     # stripes: the best of each bank (highest first), then the second of each, ...
     count = len(banks)
-    stripes = torch.zeros_like(banks)
+    stripes = []
     bank_rank, current = -1, None
-    for i, bank in enumerate(banks.tolist()):
+    for bank in banks.tolist():
         if current is None:
             current = bank
         if bank != current:
             bank_rank, current = 0, bank
         else:
             bank_rank += 1
-        stripes[i] = constraint_tokens - bank + bank_rank * (count + 1)
-    sort_indices = stripes.sort(dim=0).indices
+        stripes.append(constraint_tokens - bank + bank_rank * (count + 1))
+    sort_indices = torch.tensor(stripes, dtype=banks.dtype).sort(dim=0).indices
     scores_buf, indices_buf = scores_buf[sort_indices], indices_buf[sort_indices]
     beams_buf = beams_buf[sort_indices]
-    cand_states = [cand_states[i] for i in sort_indices]
+    cand_states = [cand_states[i] for i in sort_indices.tolist()]
     return scores_buf[:k], indices_buf[:k], beams_buf[:k], cand_states
