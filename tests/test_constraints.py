@@ -7,6 +7,8 @@ sentences each gets bit for bit what it gets alone."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from builders import BUILDERS, assert_identical, assert_same, one_sentence
@@ -17,6 +19,8 @@ from fairseq.token_generation_constraints import pack_constraints
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
 from beamplugin.engine.choice import open_engine
+from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from beamplugin.modules import linear as linear_module
 from beamplugin.streams import IteratorSource, run, sentence_request
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
@@ -111,6 +115,28 @@ def test_constraints_not_met_fail_their_sentence_alone(
     for i in others:
         ref = fairseq_alone(model, vocab, "ordered", sentences[i], requested[i], **options)
         assert_same([ref], [results[i].hypotheses])
+
+
+def test_int8_stream_equals_each_sentence_alone(vocab, models, sentences, monkeypatch):
+    """--int8 (every product of the tiny model in int8): constrained and unconstrained
+    sentences in one stream, each bit for bit what it gets alone."""
+    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    model = copy.deepcopy(models["convs2s"][0])
+    assert cast_for_decoding([model], "int8") == torch.float32
+    gen = generator(model, vocab, "unordered", beam_size=4, max_len_b=12)
+    count = len(CONSTRAINTS)
+    results = streamed(gen, sentences, CONSTRAINTS, list(range(count)), max_sentences=3)
+    float32 = generator(models["convs2s"][0], vocab, "unordered", beam_size=4, max_len_b=12)
+    in_float32 = streamed(float32, sentences, CONSTRAINTS, list(range(count)))
+    assert any(
+        float(results[i].hypotheses[0]["score"]) != float(in_float32[i].hypotheses[0]["score"])
+        for i in range(count)
+    ), "int8 decoded exactly as float32: were its products run?"
+    for i in range(count):
+        alone = gen.generate(None, one_sentence(sentences[i]),
+                             constraints=pack_constraints([[torch.tensor(c)
+                                                            for c in CONSTRAINTS[i]]]))  # fmt: skip
+        assert_identical(alone, [results[i].hypotheses])
 
 
 def _contains(tokens: list[int], constraint: list[int]) -> bool:
