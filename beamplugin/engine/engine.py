@@ -210,7 +210,9 @@ class DecodingEngine:
         """The live sentences with lexical constraints, as their constrained step reads them
         (``multi``: the sentences with beam rows)."""
         beam = self.options.beam_size
-        sentences = []
+        sentences: list[ConstrainedSentence] = []
+        if self.options.constraints is None:  # no sentence can have any
+            return sentences
         for index, sentence in enumerate(self.live):
             if sentence.constraints is None:
                 continue

@@ -128,7 +128,7 @@ class Scheduler:
             )
         vocab = len(self.model.models[0].decoder.dictionary)
         special = {"EOS": options.eos, "padding": options.pad, "BOS": 0}
-        for constraints in request.constraints:
+        for constraints in filter(None, request.constraints):
             check_constraints(constraints, request.max_len, vocab, special)
 
     def _output_limit(self, request: Request) -> int:

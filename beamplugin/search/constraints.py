@@ -15,8 +15,8 @@ beam ends a hypothesis and the first beam other candidates go on.
 
 The cost: like fairseq's, this step is host-side Python per hypothesis and per candidate (a
 state object advanced per candidate, small tensor operations and host reads per sentence),
-about a millisecond per constrained sentence per step at beam 5; sentences without constraints
-in the same step do not pay it.
+about 0.8 ms per constrained sentence per step at beam 5 on 8k words (one thread); sentences
+without constraints in the same step do not pay it.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from fairseq.token_generation_constraints import (
 from torch import Tensor
 
 from beamplugin.search.beam_step import BeamStep, top_candidates
-
-REPRESENTATIONS = ("ordered", "unordered")
 
 # A sentence's constraints: token sequences, each of at least one token.
 Constraints = list[list[int]]
@@ -126,7 +124,8 @@ def candidates(
     """fairseq's ``LexicallyConstrainedBeamSearch.step`` and ``step_sentence`` for one sentence:
     its ``k`` candidates (scores, tokens, hypotheses), best first in fairseq's striped order,
     and the state of every candidate before the cut (fairseq's list, which its next beam
-    indexes). The same operations in the same order, so the same ties and quirks."""
+    indexes). The same operations in the same order, so the same ties and quirks (the first
+    top-k by beam_step's ``top_candidates``, which gives ``torch.topk``'s)."""
     lprobs = lprobs.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
     hypotheses, vocab = lprobs.shape
     first = scores is None
