@@ -84,7 +84,7 @@ class Scheduler:
         self.beam = options.beam_size
         self.mixes_steps = model.mixes_steps
         self.max_source_positions = model.max_source_positions()
-        self.model = model
+        self.model = model  # its target vocabulary bounds the constraints' tokens
         self.max_sentences, self.max_tokens = max_sentences, max_tokens
         self.waiting: deque[Waiting] = deque()  # checked requests not in flight yet
         self.encode_ahead = (
@@ -116,6 +116,8 @@ class Scheduler:
             self._check_constraints(request)
 
     def _check_constraints(self, request: Request) -> None:
+        """Raise ValueError if the request's constraints cannot be decoded (see
+        beamplugin.search.constraints.check_constraints): its sentences fail, no other."""
         options = self.options
         if len(request.constraints) != len(request.keys):
             raise ValueError(
