@@ -150,6 +150,33 @@ def test_interactive_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypot
     assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
 
 
+def test_interactive_with_constraints_prints_fairseqs_hypotheses(trained_transformer):
+    """fairseq-interactive --constraints through our task: the lines' constraints (after a tab)
+    decoded in one stream by our engine, printing what fairseq's generator prints."""
+    data, ckpt = trained_transformer
+    common = ["fairseq-interactive", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
+              "--beam", "4", "--nbest", "2", "--cpu", "--source-lang", "de", "--target-lang",
+              "en", "--buffer-size", "10", "--batch-size", "3", "--constraints", "unordered"]
+    constraints = ["w3", "", "w7 w8\tw2", "w5", "w1 w1", "", "w9\tw4\tw10", "w6", "", "w2 w3"]
+    stdin = "".join(
+        f"{line}\t{c}\n" if c else f"{line}\n"
+        for line, c in zip(TRANSFORMER_LINES, constraints, strict=True)
+    )
+    ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
+    fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
+    for sentence_id in reference:
+        assert_same_lines(mine[sentence_id], reference[sentence_id])
+    assert "served by fairseq's own" not in ours.stderr + ours.stdout
+    joined = re.search(r"(\d+) sentences joined others mid-search", ours.stderr + ours.stdout)
+    assert joined and int(joined[1]) > 0, ours.stderr[-2000:]
+    for sentence_id, wanted in enumerate(constraints):
+        (text,) = [line[2] for line in mine[sentence_id] if line[0] == "H"][:1]
+        for constraint in filter(None, wanted.split("\t")):
+            assert f" {constraint} " in f" {text} ", (sentence_id, constraint, text)
+
+
 def test_hub_translate_of_a_transformer_decodes_with_our_generator_when_asked(
     trained_transformer, monkeypatch
 ):

@@ -31,6 +31,7 @@ from beamplugin.engine.slots import Sentence, Slots
 from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.runtime.heap import keep_freed_memory
 from beamplugin.search.beam_step import BeamStep, step_laid_out
+from beamplugin.search.constraints import ConstrainedSentence, ConstraintState, constrained_step
 from beamplugin.search.log_prob_rules import LogProbRules
 from beamplugin.search.options import DecodingOptions
 
@@ -149,10 +150,19 @@ class DecodingEngine:
         lprobs, copies = self.rules.apply(lprobs, self.slots.view(self.runner.tokens))
         if copies is not None:
             self.runner.copy_rows(copies)
-        res, status = self._search(lprobs)
+        res, status, constrained = self._search(lprobs)
         if status.nan:  # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
             lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-            res, status = self._search(lprobs)
+            res, status, constrained = self._search(lprobs)
+        for index, states in constrained:
+            sentence = self.live[index]
+            sentence.constraints = states
+            if sentence.step >= sentence.max_len and not status.ending[index].any():
+                # fairseq's generator fails its whole batch here (an assertion)
+                sentence.error = ValueError(
+                    f"the lexical constraints were not all met within the maximum output "
+                    f"length of {sentence.max_len} tokens"
+                )
         done: list[bool] | None = None
         if status.acts or any(s.step >= s.max_len for s in self.live):
             done = self.finalizer.finish(
@@ -178,16 +188,38 @@ class DecodingEngine:
         self.cancelled += sum(cancelled)
         return [c or bool(d) for c, d in zip(cancelled, done or cancelled, strict=True)]
 
-    def _search(self, lprobs: Tensor) -> tuple[BeamStep, StepStatus]:
+    def _search(
+        self, lprobs: Tensor
+    ) -> tuple[BeamStep, StepStatus, list[tuple[int, list[ConstraintState]]]]:
         """The beam step of every live sentence and its status on the host (the step's one
-        synchronisation)."""
-        slots = self.slots
+        synchronisation, but for sentences with lexical constraints); with the constraint
+        states of their next beams, by live sentence."""
+        slots, options = self.slots, self.options
+        multi = len(slots.live) - slots.one_row
         res = step_laid_out(
-            lprobs,
-            self.runner.scores,
-            len(slots.live) - slots.one_row,
-            slots.one_row,
-            self.options.beam_size,
-            self.options.eos,
+            lprobs, self.runner.scores, multi, slots.one_row, options.beam_size, options.eos
         )
-        return res, self.finalizer.status(res, slots)
+        constrained = self._constrained(lprobs, multi)
+        if not constrained:
+            return res, self.finalizer.status(res, slots), []
+        res, states = constrained_step(res, constrained, options.beam_size, options.eos)
+        next_states = [(c.index, own) for c, own in zip(constrained, states, strict=True)]
+        return res, self.finalizer.status(res, slots), next_states
+
+    def _constrained(self, lprobs: Tensor, multi: int) -> list[ConstrainedSentence]:
+        """The live sentences with lexical constraints, as their constrained step reads them
+        (``multi``: the sentences with beam rows)."""
+        beam = self.options.beam_size
+        sentences: list[ConstrainedSentence] = []
+        if self.options.constraints is None:  # no sentence can have any
+            return sentences
+        for index, sentence in enumerate(self.live):
+            if sentence.constraints is None:
+                continue
+            first = index * beam if index < multi else multi * beam + index - multi
+            if sentence.step == 0:  # its hypotheses are all the same: one row, no score yet
+                rows, scores = lprobs[first : first + 1], None
+            else:
+                rows, scores = lprobs[first : first + beam], self.runner.scores[index]
+            sentences.append(ConstrainedSentence(index, rows, scores, sentence.constraints))
+        return sentences

@@ -98,7 +98,7 @@ class Finalizer:
             worst = torch.tensor([s.nbest.worst_score() for s in live])
             slots.per_sentence["worst"] = to_device(worst.to(bound.dtype), slots.device)
             done = [m or b for m, b in zip(at_max, bound.le(worst).tolist(), strict=True)]
-        empty = [i for i, d in enumerate(done) if d and counts[i] == 0]
+        empty = [i for i, d in enumerate(done) if d and counts[i] == 0 and live[i].error is None]
         if empty:
             # Nothing reached EOS: the live hypotheses, with EOS appended, are the answer
             # (beam of them, as in fairseq, even at the first step where all are the same).
@@ -156,6 +156,8 @@ class Finalizer:
 
     def result(self, sentence: Sentence) -> Finished:
         """A done sentence's hypotheses, best first."""
+        if sentence.error is not None:
+            return Finished(sentence.key, [], sentence.error)
         hypotheses = [
             ended.hypothesis(row) for ended, row in sentence.nbest.best_first(self.options.nbest)
         ]

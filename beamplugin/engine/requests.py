@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 from torch import Tensor
 
+from beamplugin.search.constraints import Constraints
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.search.options import DecodingOptions
 
@@ -29,6 +30,9 @@ class Request:
     # what the hypotheses start from (a target-language token of a multilingual model trained
     # with --lang-tok-replacing-bos-eos); None: the engine's (EOS, as in fairseq)
     bos: int | None = None
+    # one per sentence: the token sequences its hypotheses must contain (the options'
+    # ``constraints`` say ordered or not); None, or a sentence's empty list: none
+    constraints: list[Constraints] | None = None
     max_len: int = -1  # output tokens before EOS is forced: set by Scheduler.check
 
     @property

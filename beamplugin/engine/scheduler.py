@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from beamplugin.engine.ensemble import EnsembleDecoder
 from beamplugin.engine.requests import Request
 from beamplugin.runtime.host_transfer import to_host
+from beamplugin.search.constraints import check_constraints
 from beamplugin.search.options import DecodingOptions
 
 # An encoder forward costs as much as this many padded tokens more (measured: docs/speed.md): it
@@ -83,6 +84,7 @@ class Scheduler:
         self.beam = options.beam_size
         self.mixes_steps = model.mixes_steps
         self.max_source_positions = model.max_source_positions()
+        self.model = model  # its target vocabulary bounds the constraints' tokens
         self.max_sentences, self.max_tokens = max_sentences, max_tokens
         self.waiting: deque[Waiting] = deque()  # checked requests not in flight yet
         self.encode_ahead = (
@@ -110,6 +112,26 @@ class Scheduler:
                 f"more than the capacity of {self.max_tokens} tokens"
             )
         request.max_len = self._output_limit(request)
+        if request.constraints is not None:
+            self._check_constraints(request)
+
+    def _check_constraints(self, request: Request) -> None:
+        """Raise ValueError if the request's constraints cannot be decoded (see
+        beamplugin.search.constraints.check_constraints): its sentences fail, no other."""
+        options = self.options
+        if len(request.constraints) != len(request.keys):
+            raise ValueError(
+                f"{len(request.constraints)} constraint lists for {len(request.keys)} sentences"
+            )
+        if options.constraints is None and any(request.constraints):
+            raise ValueError(
+                "this search was not built for lexical constraints (options.constraints: "
+                "'ordered' or 'unordered')"
+            )
+        vocab = len(self.model.models[0].decoder.dictionary)
+        special = {"EOS": options.eos, "padding": options.pad, "BOS": 0}
+        for constraints in filter(None, request.constraints):
+            check_constraints(constraints, request.max_len, vocab, special)
 
     def _output_limit(self, request: Request) -> int:
         options = self.options

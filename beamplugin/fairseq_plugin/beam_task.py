@@ -105,7 +105,6 @@ def _needs_fairseq_generator(args: Any, prefix_allowed_tokens_fn: Any) -> str | 
         "--sampling": getattr(args, "sampling", False),
         "--diverse-beam-groups": getattr(args, "diverse_beam_groups", -1) > 0,
         "--diversity-rate": getattr(args, "diversity_rate", -1) > -1,
-        "--constraints": bool(getattr(args, "constraints", False)),
         "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn is not None
         or getattr(args, "prefix_allowed_tokens_fn", None) is not None,
     }
@@ -166,11 +165,11 @@ class BeamSearchTask:
     ) -> Any:
         """With continuous batching, the hypotheses of a batch that fairseq-generate or
         fairseq-interactive handed out, decoded in one stream with the batches before and after
-        it (in fairseq-interactive: those of the same buffer)."""
+        it (in fairseq-interactive: those of the same buffer); ``constraints`` are the batch's
+        own (its sample's), which the stream reads from it."""
         batches = self._read_ahead
         if (
             isinstance(generator, SequenceGenerator)
-            and constraints is None
             and batches is not None
             and batches.is_current(sample)
         ):

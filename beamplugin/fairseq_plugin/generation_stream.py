@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from fairseq import utils
+from fairseq.token_generation_constraints import unpack_constraints
 from torch import Tensor
 
 from beamplugin.engine import Finished, Request, engine_for
@@ -126,11 +127,15 @@ class GenerationStream:
                 continue
             src_tokens = batch["net_input"]["src_tokens"]
             prefixes, bos = self.prompts(batch)
+            constraints = batch.get("constraints")  # fairseq-interactive --constraints: packed
             for row, sentence_id in enumerate(batch["id"].tolist()):
                 tokens = to_device(utils.strip_pad(src_tokens[row], self.pad), self.device)
                 prefix = None if prefixes is None else to_device(prefixes[row], self.device)
+                own = None
+                if constraints is not None:
+                    own = [c.tolist() for c in unpack_constraints(constraints[row].cpu())]
                 self.sentences += 1
-                yield sentence_request(sentence_id, tokens, prefix, bos)
+                yield sentence_request(sentence_id, tokens, prefix, bos, own)
 
     def hypotheses(self) -> list[list[Hypothesis]]:
         """The hypotheses of every sentence of the batch handed out last."""

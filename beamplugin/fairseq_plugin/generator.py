@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from fairseq import search
+from fairseq.token_generation_constraints import unpack_constraints
 from torch import Tensor, nn
 
 from beamplugin.engine import Request, open_engine
@@ -33,16 +34,22 @@ from beamplugin.search.vocabulary_map import VocabularyMap
 from beamplugin.streams import IteratorSource, run
 
 
-def _length_constraints(strategy: Any) -> LengthConstraints | None:
-    """(min_len_a, min_len_b, max_len_a, max_len_b) of a LengthConstrainedBeamSearch, else None."""
+def _strategy_options(strategy: Any) -> tuple[LengthConstraints | None, str | None]:
+    """The length bounds (min_len_a, min_len_b, max_len_a, max_len_b) of a
+    LengthConstrainedBeamSearch and the representation ("ordered" or "unordered") of a
+    LexicallyConstrainedBeamSearch; None where the strategy has none."""
     if strategy is None or type(strategy) is search.BeamSearch:
-        return None
+        return None, None
     if type(strategy) is search.LengthConstrainedBeamSearch:
-        return strategy.min_len_a, strategy.min_len_b, strategy.max_len_a, strategy.max_len_b
+        bounds = strategy.min_len_a, strategy.min_len_b, strategy.max_len_a, strategy.max_len_b
+        return bounds, None
+    if type(strategy) is search.LexicallyConstrainedBeamSearch:
+        return None, strategy.representation
     raise ValueError(
         f"search_strategy {type(strategy).__name__} is not supported by beamplugin's "
-        "SequenceGenerator (only BeamSearch and LengthConstrainedBeamSearch); use fairseq's "
-        "SequenceGenerator for sampling, diverse or constrained search"
+        "SequenceGenerator (only BeamSearch, LengthConstrainedBeamSearch and "
+        "LexicallyConstrainedBeamSearch); use fairseq's SequenceGenerator for sampling or "
+        "diverse search"
     )
 
 
@@ -106,6 +113,7 @@ class SequenceGenerator(nn.Module):
             raise ValueError(f"nbest must be between 1 and beam_size={beam_size}, got {nbest}")
         if stopping == "exact" and lm_model is not None and lm_weight < 0:
             raise ValueError("stopping='exact' needs lm_weight >= 0 (scores must not increase)")
+        length_constraints, constraints = _strategy_options(search_strategy)
         models = list(getattr(models, "models", models))
         self.model = EnsembleDecoder(models, lm_model, lm_weight)
         self.tgt_dict = tgt_dict
@@ -130,13 +138,14 @@ class SequenceGenerator(nn.Module):
             match_source_len=match_source_len,
             no_repeat_ngram_size=no_repeat_ngram_size,
             suppressed=_suppressed(tgt_dict, tokens_to_suppress),
-            length_constraints=_length_constraints(search_strategy),
+            length_constraints=length_constraints,
             stopping=stopping,
             print_alignment=print_alignment or None,
             attention=attention,
             shortlist=shortlist,
             device_engine=device_engine,
             cuda_graphs=cuda_graphs,
+            constraints=constraints,
         )
         # fairseq's generator attributes, read by fairseq-generate and -interactive
         self.beam_size = self.options.beam_size
@@ -163,21 +172,31 @@ class SequenceGenerator(nn.Module):
         bos_token: int | None = None,
         **kwargs: Any,
     ) -> list[list[Hypothesis]]:
-        """Translate a batch; per sentence a list of hypotheses, best first (fairseq's format)."""
-        if constraints is not None:
-            raise NotImplementedError(
-                "lexical constraints are served by fairseq's SequenceGenerator, not beamplugin's"
+        """Translate a batch; per sentence a list of hypotheses, best first (fairseq's format).
+        ``constraints``: fairseq's packed constraints (``pack_constraints``), met as the
+        search strategy (a ``LexicallyConstrainedBeamSearch``) says."""
+        if constraints is not None and self.options.constraints is None:
+            raise NotImplementedError(  # fairseq's generator's error
+                "Target-side constraints were provided, but search method doesn't support them"
             )
-        return self._generate(sample, prefix_tokens, bos_token)
+        return self._generate(sample, prefix_tokens, bos_token, constraints)
 
     def _generate(
-        self, sample: dict[str, Any], prefix_tokens: Tensor | None, bos_token: int | None
+        self,
+        sample: dict[str, Any],
+        prefix_tokens: Tensor | None,
+        bos_token: int | None,
+        constraints: Tensor | None = None,
     ) -> list[list[Hypothesis]]:
         net_input = sample["net_input"]
         src_tokens = net_input["src_tokens"]
         batch = Request(
             list(range(src_tokens.size(0))), src_tokens, net_input.get("src_lengths"), prefix_tokens
         )
+        if constraints is not None:
+            batch.constraints = [
+                [c.tolist() for c in unpack_constraints(row)] for row in constraints.cpu()
+            ]
         results: list[list[Hypothesis]] = [[] for _ in batch.keys]
         engine = open_engine(self.model, self.options, bos_token=bos_token)
         # Inference mode skips autograd's version counting and views on every op: the search's

@@ -36,6 +36,7 @@ def unsupported(options: DecodingOptions) -> str | None:
         "match_source_len": options.match_source_len,
         "length constraints": options.length_constraints is not None,
         "a vocabulary shortlist": options.shortlist is not None,
+        "lexical constraints": options.constraints is not None,
         "attention or alignments": options.attention or options.print_alignment is not None,
     }
     named = [name for name, on in reasons.items() if on]

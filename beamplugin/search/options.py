@@ -11,6 +11,7 @@ STOPPING_RULES = ("fairseq", "exact")
 LENGTH_PENALTY_STYLES = ("fairseq", "gnmt")
 ALIGNMENT_KINDS = (None, "hard", "soft")
 DEVICE_ENGINE_CHOICES = ("auto", "on", "off")
+CONSTRAINT_KINDS = (None, "ordered", "unordered")
 
 # (min_len_a, min_len_b, max_len_a, max_len_b): the per-sentence length bounds of fairseq's
 # LengthConstrainedBeamSearch, ``a * source length + b``
@@ -34,6 +35,9 @@ class DecodingOptions:
     whole vocabulary). ``device_engine``: the whole step on the device, in fixed rows
     (beamplugin.engine.device_engine), "auto" on a GPU where it serves the model and options,
     "on" also on the CPU, "off" never; ``cuda_graphs``: its steps replayed as CUDA graphs.
+    ``constraints``: how requests' lexical constraints are met (fairseq's ``--constraints``:
+    ``"ordered"`` or ``"unordered"``, beamplugin.search.constraints); None: a request with
+    constraints is refused.
     """
 
     eos: int
@@ -60,6 +64,7 @@ class DecodingOptions:
     shortlist: VocabularyMap | None = None
     device_engine: str = "auto"
     cuda_graphs: bool = True
+    constraints: str | None = None
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -88,6 +93,10 @@ class DecodingOptions:
         if self.print_alignment not in ALIGNMENT_KINDS:
             raise ValueError(
                 f"print_alignment must be 'hard', 'soft' or None, got {self.print_alignment!r}"
+            )
+        if self.constraints not in CONSTRAINT_KINDS:
+            raise ValueError(
+                f"constraints must be 'ordered', 'unordered' or None, got {self.constraints!r}"
             )
         if self.print_alignment and not self.attention:
             raise ValueError("print_alignment needs the attention (attention=True)")

@@ -14,6 +14,7 @@ from torch import Tensor
 from beamplugin.engine.device_engine import DeviceEngine
 from beamplugin.engine.engine import DecodingEngine
 from beamplugin.engine.requests import Finished, Request
+from beamplugin.search.constraints import Constraints
 
 
 class Prompt(NamedTuple):
@@ -109,12 +110,17 @@ def run(
 
 
 def sentence_request(
-    key: Any, src_tokens: Tensor, prefix_tokens: Tensor | None, bos: int | None = None
+    key: Any,
+    src_tokens: Tensor,
+    prefix_tokens: Tensor | None,
+    bos: int | None = None,
+    constraints: Constraints | None = None,
 ) -> Request:
     """A request of one sentence: ``src_tokens`` 1-D, no padding (ending in EOS, or in the
     language token that replaces it); decoded as fairseq-generate and fairseq-interactive decode
     it in a batch of its own, its hypotheses forced to start with ``prefix_tokens`` (1-D, pad:
-    free choice) after ``bos`` (None: the engine's)."""
+    free choice) after ``bos`` (None: the engine's), and to contain ``constraints`` (token
+    sequences, met as the engine's options say; None: none)."""
     if src_tokens.dim() != 1 or src_tokens.numel() == 0:
         raise ValueError(
             f"a sentence is a non-empty 1-D token tensor, got shape {tuple(src_tokens.shape)}"
@@ -122,4 +128,7 @@ def sentence_request(
     prefix = None if prefix_tokens is None else prefix_tokens.view(1, -1)
     # its length as fairseq's collater gives it (EOS included) for match_source_len
     length = torch.full((1,), len(src_tokens), device=src_tokens.device)
-    return Request([key], src_tokens.unsqueeze(0), length, prefix, bos=bos)
+    return Request(
+        [key], src_tokens.unsqueeze(0), length, prefix, bos=bos,
+        constraints=None if constraints is None else [constraints],
+    )  # fmt: skip

@@ -1,0 +1,221 @@
+"""Lexical constraints (beamplugin.search.constraints) against fairseq's
+LexicallyConstrainedBeamSearch, on the tiny random models of builders.py: each constrained
+sentence gets fairseq's hypotheses and scores (fairseq's generator decoding it alone), ordered
+and unordered, beams 1 to 8; where fairseq's generator fails (its constraints not met within
+the maximum length) that sentence alone gets an error. In one stream with unconstrained
+sentences each gets bit for bit what it gets alone."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from builders import BUILDERS, assert_identical, assert_same, one_sentence
+from fairseq import search
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from fairseq.token_generation_constraints import pack_constraints
+
+from beamplugin import SequenceGenerator
+from beamplugin.engine import DecodingEngine
+from beamplugin.engine.choice import open_engine
+from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from beamplugin.modules import linear as linear_module
+from beamplugin.streams import IteratorSource, run, sentence_request
+
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
+
+# per sentence of the conftest's stream (1 to 15 words): none, one token, several tokens,
+# several constraints (one repeating a token of another), a long one
+CONSTRAINTS = [
+    [[5, 6]], [], [[7], [8, 9, 10]], [[11]], [[12, 13, 14, 15]], [[4], [4, 5]], [],
+    [[20, 21, 22]], [[9], [16], [25]],
+]
+
+
+def generator(model, vocab, representation: str, **options) -> SequenceGenerator:
+    strategy = search.LexicallyConstrainedBeamSearch(vocab, representation)
+    return SequenceGenerator([model], vocab, search_strategy=strategy, **options)
+
+
+def fairseq_alone(model, vocab, representation, sentence, constraints, **options):
+    """fairseq's generator on one sentence: its hypotheses, or the AssertionError it fails
+    with when no hypothesis meets the constraints by the maximum length."""
+    strategy = search.LexicallyConstrainedBeamSearch(vocab, representation)
+    gen = FairseqGenerator([model], vocab, search_strategy=strategy, **options)
+    packed = pack_constraints([[torch.tensor(c) for c in constraints]])
+    try:
+        return gen.generate([model], one_sentence(sentence), constraints=packed)[0]
+    except AssertionError as failed:
+        return failed
+
+
+def streamed(gen, sentences, constraints, order, **capacity) -> dict:
+    """Each sentence's Finished, the sentences arriving in ``order`` on one engine."""
+    engine = DecodingEngine.of(gen, **capacity)
+    requests = (sentence_request(i, sentences[i], None, constraints=constraints[i]) for i in order)
+    with torch.inference_mode():
+        results = {f.key: f for f in run(engine, IteratorSource(requests))}
+    assert sorted(results) == sorted(order), "a sentence was lost"
+    return results
+
+
+@pytest.mark.parametrize("arch", ["convs2s", "transformer"])
+@pytest.mark.parametrize("representation", ["ordered", "unordered"])
+@pytest.mark.parametrize("beam", range(1, 9))
+def test_equals_fairseq_alone_and_batched(vocab, models, sentences, arch, representation, beam):
+    model = models[arch][0]
+    options = dict(beam_size=beam, max_len_b=(4, 8, 20)[beam % 3])
+    count = len(CONSTRAINTS)
+    gen = generator(model, vocab, representation, **options)
+    order = list(reversed(range(count)))
+    results = streamed(gen, sentences, CONSTRAINTS, order, max_sentences=4)
+    failures = 0
+    for i in range(count):
+        ref = fairseq_alone(model, vocab, representation, sentences[i], CONSTRAINTS[i], **options)
+        ours = results[i]
+        if isinstance(ref, AssertionError):
+            failures += 1
+            assert ours.error is not None and "not all met" in str(ours.error), f"sentence {i}"
+            continue
+        assert ours.error is None, f"sentence {i}: {ours.error}"
+        assert_same([ref], [ours.hypotheses])
+        # alone = in a stream of four, constrained and not, bit for bit
+        alone = gen.generate(None, one_sentence(sentences[i]),
+                             constraints=pack_constraints([[torch.tensor(c)
+                                                            for c in CONSTRAINTS[i]]]))  # fmt: skip
+        assert_identical(alone, [ours.hypotheses])
+        for hypothesis in ours.hypotheses:
+            tokens = hypothesis["tokens"].tolist()
+            assert all(_contains(tokens, c) for c in CONSTRAINTS[i]), f"sentence {i}"
+    assert failures < count  # most sentences meet their constraints
+
+
+@pytest.mark.parametrize(
+    "arch, beam, max_len_b, failing, constraints",
+    [("convs2s", 2, 5, 4, [[7], [8, 9, 10]]), ("transformer", 4, 20, 0, [[12, 13, 14, 15]])],
+)
+def test_constraints_not_met_fail_their_sentence_alone(
+    vocab, models, sentences, arch, beam, max_len_b, failing, constraints
+):
+    """Where no hypothesis meets the constraints by the maximum length, fairseq's generator
+    fails (its batch with it): that sentence gets an error, the others their hypotheses."""
+    model = models[arch][0]
+    options = dict(beam_size=beam, max_len_b=max_len_b)
+    assert isinstance(
+        fairseq_alone(model, vocab, "ordered", sentences[failing], constraints, **options),
+        AssertionError,
+    )
+    gen = generator(model, vocab, "ordered", **options)
+    others = [i for i in range(4) if i != failing]
+    requested = {failing: constraints, **{i: [[5 + i]] for i in others}}
+    results = streamed(gen, sentences, requested, sorted(requested))
+    assert "not all met within the maximum output length" in str(results[failing].error)
+    assert results[failing].hypotheses == []
+    for i in others:
+        ref = fairseq_alone(model, vocab, "ordered", sentences[i], requested[i], **options)
+        assert_same([ref], [results[i].hypotheses])
+
+
+def test_int8_stream_equals_each_sentence_alone(vocab, models, sentences, monkeypatch):
+    """--int8 (every product of the tiny model in int8): constrained and unconstrained
+    sentences in one stream, each bit for bit what it gets alone."""
+    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    model = copy.deepcopy(models["convs2s"][0])
+    assert cast_for_decoding([model], "int8") == torch.float32
+    gen = generator(model, vocab, "unordered", beam_size=4, max_len_b=12)
+    count = len(CONSTRAINTS)
+    results = streamed(gen, sentences, CONSTRAINTS, list(range(count)), max_sentences=3)
+    float32 = generator(models["convs2s"][0], vocab, "unordered", beam_size=4, max_len_b=12)
+    in_float32 = streamed(float32, sentences, CONSTRAINTS, list(range(count)))
+    assert any(
+        float(results[i].hypotheses[0]["score"]) != float(in_float32[i].hypotheses[0]["score"])
+        for i in range(count)
+    ), "int8 decoded exactly as float32: were its products run?"
+    for i in range(count):
+        alone = gen.generate(None, one_sentence(sentences[i]),
+                             constraints=pack_constraints([[torch.tensor(c)
+                                                            for c in CONSTRAINTS[i]]]))  # fmt: skip
+        assert_identical(alone, [results[i].hypotheses])
+
+
+def _contains(tokens: list[int], constraint: list[int]) -> bool:
+    n = len(constraint)
+    return any(tokens[start : start + n] == constraint for start in range(len(tokens) - n + 1))
+
+
+def test_unconstrained_sentences_unchanged(vocab, models, sentences):
+    """Sentences without constraints in a constrained stream get what the plain search gives."""
+    model = models["transformer"][0]
+    plain = SequenceGenerator([model], vocab, beam_size=4, max_len_b=10)
+    gen = generator(model, vocab, "unordered", beam_size=4, max_len_b=10)
+    constraints = [[[7, 8]] if i % 2 else None for i in range(len(sentences))]
+    results = streamed(gen, sentences, constraints, range(len(sentences)), max_sentences=5)
+    for i in range(0, len(sentences), 2):
+        alone = plain.generate(None, one_sentence(sentences[i]))
+        assert_identical(alone, [results[i].hypotheses])
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ([[]], "empty constraint"),
+        ([[5] * 11], "cannot fit"),
+        ([[5, 99]], "outside the vocabulary"),
+        ([[2]], "EOS"),
+        ([[5, 1]], "padding"),
+    ],
+)
+def test_bad_constraints_fail_their_sentence_alone(vocab, models, sentences, bad, error):
+    model = models["convs2s"][0]
+    gen = generator(model, vocab, "ordered", beam_size=3, max_len_b=10)
+    constraints = [[[6]], bad, [[7, 8]]]
+    results = streamed(gen, sentences[:3], constraints, range(3))
+    assert error in str(results[1].error)
+    for i in (0, 2):
+        assert results[i].error is None
+        alone = gen.generate(None, one_sentence(sentences[i]),
+                             constraints=pack_constraints([[torch.tensor(c)
+                                                            for c in constraints[i]]]))  # fmt: skip
+        assert_identical(alone, [results[i].hypotheses])
+
+
+def test_constraints_need_a_constrained_search(vocab, models, sentences):
+    """As fairseq's generator: constraints without LexicallyConstrainedBeamSearch are refused
+    (by generate, and by the engine for a stream's sentence)."""
+    model = models["convs2s"][0]
+    plain = SequenceGenerator([model], vocab, beam_size=2)
+    with pytest.raises(NotImplementedError, match="constraints"):
+        plain.generate(None, one_sentence(sentences[0]),
+                       constraints=pack_constraints([[torch.tensor([5])]]))  # fmt: skip
+    results = streamed(plain, sentences[:2], [[[5]], None], range(2))
+    assert "not built for lexical constraints" in str(results[0].error)
+    assert results[1].error is None
+
+
+def test_constrained_requests_go_to_the_decoding_engine(vocab, models):
+    gen = generator(models["transformer"][0], vocab, "ordered", beam_size=2, attention=False,
+                    device_engine="on")  # fmt: skip
+    assert type(open_engine(gen.model, gen.options)) is DecodingEngine
+
+
+@pytest.mark.parametrize("arch", sorted(BUILDERS))
+def test_batch_with_prefixes_equals_fairseq(vocab, models, arch):
+    """A batch through generate, forced prefixes and all, as fairseq's generator decodes it."""
+    model = models[arch][0]
+    g = torch.Generator().manual_seed(5)
+    src = torch.randint(vocab.nspecial, len(vocab), (3, 6), generator=g)
+    src[:, -1] = vocab.eos()
+    sample = {"id": torch.arange(3), "net_input": {"src_tokens": src,
+                                                   "src_lengths": torch.full((3,), 6)}}  # fmt: skip
+    prefix = torch.tensor([[9], [10], [vocab.pad()]])
+    packed = pack_constraints([[torch.tensor([5, 6])], [torch.tensor([7])], []])
+    strategy = search.LexicallyConstrainedBeamSearch(vocab, "unordered")
+    options = dict(beam_size=3, max_len_b=12, search_strategy=strategy)
+    ref = FairseqGenerator([model], vocab, **options).generate(
+        [model], sample, prefix_tokens=prefix, constraints=packed
+    )
+    ours = SequenceGenerator([model], vocab, **options).generate(
+        [model], sample, prefix_tokens=prefix, constraints=packed
+    )
+    assert_same(ref, ours)
