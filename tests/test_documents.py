@@ -11,6 +11,7 @@ import re
 
 import lxml.html
 import pytest
+from html_tools import tag_tree
 
 from beamplugin.serving.documents.markup import html_document
 from beamplugin.serving.documents.sentences import segments
@@ -119,21 +120,6 @@ def _snippet(rng: random.Random) -> str:
     return "\n".join(blocks)
 
 
-def _tree(markup: str) -> list:
-    """The tag tree: tags, attributes, comments and the text of untranslated elements."""
-    root = lxml.html.fragment_fromstring(markup, create_parent="div")
-
-    def shape(element) -> list:
-        if not isinstance(element.tag, str):  # a comment
-            return ["comment", element.text]
-        kept = element.tag in ("script", "style", "code") or element.get("translate") == "no"
-        return [element.tag, sorted(element.attrib.items()),
-                element.text_content() if kept else None,
-                [shape(child) for child in element]]  # fmt: skip
-
-    return shape(root)
-
-
 def _kept(markup: str) -> list[str]:
     return re.findall(r"<script>.*?</script>|<style>.*?</style>|<code>.*?</code>|"
                       r'<div translate="no">.*?</div>|<span translate="no">.*?</span>|<!--.*?-->',
@@ -148,7 +134,7 @@ def test_html_keeps_its_tag_tree_on_many_snippets(seed):
         document = html_document(snippet, "de", fits_40)
         assert not any(MARKUP.search(u) for u in document.units), snippet  # text only
         translated = document.assemble([reworded(u) for u in document.units])
-        assert _tree(translated) == _tree(snippet), (snippet, translated)
+        assert tag_tree(translated) == tag_tree(snippet), (snippet, translated)
         assert _kept(translated) == _kept(snippet)
         rest = lxml.html.fragment_fromstring(  # all the text outside what is kept: translated
             re.sub("|".join(map(re.escape, _kept(translated))) or "$^", "", translated),
@@ -176,4 +162,4 @@ def test_html_that_does_not_parse_loses_nothing(broken):
     document = html_document(broken, "de", fits_40)
     itself = document.assemble(document.units)  # each sentence "translated" as itself
     assert html.unescape(itself) == html.unescape(broken)  # all there, escaped where needed
-    assert _tree(document.assemble([stand_in(u) for u in document.units])) == _tree(broken)
+    assert tag_tree(document.assemble([stand_in(u) for u in document.units])) == tag_tree(broken)

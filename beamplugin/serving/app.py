@@ -34,6 +34,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
+from beamplugin.serving.documents.translation import translate_documents
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
@@ -128,12 +129,21 @@ class TranslationService:
     # ---- translation -------------------------------------------------------------------------
 
     async def libre_translate(self, request: web.Request) -> web.Response:
-        """LibreTranslate's ``/translate``: ``q`` a string or a list of strings."""
+        """LibreTranslate's ``/translate``: ``q`` a string or a list of strings, each a text
+        or an HTML document cut into sentences (beamplugin.serving.documents), or with
+        ``split_sentences`` false a sentence."""
         body = await read_body(request)
         self.guards.admit(request, body)
         ask = LibreRequest.parse(body, self.served)
-        translations = await self.admission.translate(ask.lines, 1 + ask.alternatives, ask.pair)
-        texts = [[h.text for h in hypotheses] for hypotheses in translations]
+        nbest = 1 + ask.alternatives
+        if ask.split:  # documents: the characters counted as sent, markup and blanks included
+            self.guards.check_characters(ask.lines)
+            texts = await translate_documents(
+                self.admission, ask.lines, ask.format, nbest, ask.pair, self.translator.fits
+            )
+        else:
+            translations = await self.admission.translate(ask.lines, nbest, ask.pair)
+            texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
         if ask.alternatives:
             answer["alternatives"] = [t[1:] for t in texts]

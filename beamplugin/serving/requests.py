@@ -57,13 +57,18 @@ class Served:
 @dataclass(frozen=True)
 class LibreRequest:
     """LibreTranslate's ``/translate``: ``q`` a string (``single``) or a list of strings,
-    ``alternatives`` more hypotheses per line, in ``pair`` (``source`` and ``target``)."""
+    ``alternatives`` more hypotheses per line, in ``pair`` (``source`` and ``target``).
+    ``format`` "text" or "html"; ``split``: each string is a document cut into sentences
+    (always for HTML; for text unless ``split_sentences`` is false, when each string is one
+    sentence)."""
 
     lines: list[str]
     single: bool
     alternatives: int
     detect_source: bool
     pair: Pair
+    format: str
+    split: bool
 
     @classmethod
     def parse(cls, body: dict[str, Any], served: Served) -> LibreRequest:
@@ -71,12 +76,20 @@ class LibreRequest:
         q = body.get("q")
         if not (isinstance(q, str) or _strings(q)):
             raise Refused(400, "'q' is required: a string or a list of strings")
-        if body.get("format", "text") != "text":
-            raise Refused(400, "only format 'text' is served")
+        text_format = body.get("format", "text")
+        if text_format not in ("text", "html"):
+            raise Refused(400, "'format' must be 'text' or 'html'")
+        split = text_format == "html" or boolean_field(body, "split_sentences", True)
         alternatives = integer_field(body, "alternatives", 0, 0, served.beam - 1)
         single = isinstance(q, str)
+        lines = [q] if single else q
+        if split:  # a document of nothing but blanks has no sentence to stand for it
+            for index, line in enumerate(lines):
+                if not line.strip():
+                    raise Refused(400, f"'q' {'' if single else f'item {index} '}is empty: "
+                                       "there is nothing to translate")  # fmt: skip
         detect = body.get("source") == "auto"
-        return cls([q] if single else q, single, alternatives, detect, pair)
+        return cls(lines, single, alternatives, detect, pair, text_format, split)
 
 
 @dataclass(frozen=True)
@@ -143,4 +156,15 @@ def integer_field(body: dict[str, Any], name: str, default: int, low: int, high:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise Refused(400, f"'{name}' must be an integer from {low} to {high}")
+    return value
+
+
+def boolean_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    """``body[name]`` (``default`` if absent) as true or false; a form's "true"/"false" (or
+    "1"/"0") count."""
+    value = body.get(name, default)
+    if isinstance(value, str):  # from a form
+        value = {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
+    if not isinstance(value, bool):
+        raise Refused(400, f"'{name}' must be true or false")
     return value

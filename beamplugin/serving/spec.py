@@ -154,10 +154,19 @@ def _libre_request(s: SpecSettings) -> dict[str, Any]:
                     {"type": "array", "items": {"type": "string"},
                      "minItems": 1, "maxItems": s.max_request_sentences},
                 ],  # fmt: skip
-                "description": "a line, or a list of lines, to translate",
+                "description": "a text, or a list of texts, to translate: each one cut into "
+                               "sentences, put back together with its own blanks and line breaks",
             },
             **_pair(s, optional=False),
-            "format": {"type": "string", "enum": ["text"], "default": "text"},
+            "format": {
+                "type": "string", "enum": ["text", "html"], "default": "text",
+                "description": "html: text nodes translated; tags, attributes, entities, "
+                               "comments and <script>, <style>, <code>, translate=\"no\" kept",
+            },
+            "split_sentences": {
+                "type": "boolean", "default": True,
+                "description": "format text only; false: each text is one sentence",
+            },
             "alternatives": {
                 "type": "integer", "minimum": 0, "maximum": s.beam - 1, "default": 0,
                 "description": "more translations of each line, from its n-best list",

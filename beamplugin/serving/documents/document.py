@@ -115,7 +115,7 @@ class Document:
         out, position = [], 0
         for at, markup in marks:
             before = sum(1 for end in source_ends if end <= at)
-            index = round(before * len(words) / max(1, len(source_ends)))
+            index = int(before * len(words) / max(1, len(source_ends)) + 0.5)
             closing = not sentence[at - 1].isspace()
             alone = not closing and sentence[at].isspace()
             if closing or alone:
@@ -123,7 +123,10 @@ class Document:
             else:
                 edge = words[index][0] if index < len(words) else len(translation)
             edge = max(position, edge)
-            out.append(self.escape(translation[position:edge]) + (" " if alone else "") + markup)
+            if alone:  # blanks on both sides, as in the source
+                space_after = edge < len(translation) and not translation[edge].isspace()
+                markup = (" " if edge else "") + markup + (" " if space_after else "")
+            out.append(self.escape(translation[position:edge]) + markup)
             position = edge
         out.append(self.escape(translation[position:]))
         return "".join(out)
