@@ -16,7 +16,8 @@ from setuptools import find_packages, setup
 #    jsonschema (dev): its /spec checked, and its answers against it; psutil (dev): the soak's
 #    resident memory. See docs/dependencies.md.
 #  - sentencex: the server's documents cut into sentences (rules for ~300 languages in the
-#    package); lxml (dev): the tests parse HTML with a second parser. See docs/dependencies.md.
+#    package); py3langid: /detect and source "auto" (its model in the package); lxml (dev): the
+#    tests parse HTML with a second parser. See docs/dependencies.md.
 #  - tqdm: beamplugin-translate's progress bar (fairseq pulls it in unpinned); ray (extra
 #    "cluster", installed by make test too): beamplugin-translate --ray. See docs/cluster.md.
 INSTALL_REQUIRES = [
@@ -33,6 +34,7 @@ INSTALL_REQUIRES = [
     "language-data==1.4.0",
     "tqdm==4.70.1",
     "sentencex==1.0.32",
+    "py3langid==0.4.0",
 ]
 
 setup(

@@ -147,3 +147,17 @@ def test_bad_input_gets_a_clear_400_or_loses_nothing(server, toy):
     assert answers[6] == (400, {"error": "'split_sentences' must be true or false"})
     # and the decoder goes on
     assert alone(server.url, [S[0]])["translatedText"][0]
+
+
+def test_detect_and_auto_answer_the_one_source_language_with_the_detectors_confidence(server):
+    german, english = "Das Wetter ist heute schön.", "The weather is nice today."
+    answers = post(server.url, [{"q": german}, {"q": english}], path="/detect")
+    [(status, html_answer)] = post(server.url, [{
+        "q": f"<p>{german} <b>{S[0]}</b></p>", "source": "auto", "target": "en",
+        "format": "html",
+    }])  # fmt: skip
+    (_, [de_in_german]), (_, [de_in_english]) = answers
+    assert de_in_german["language"] == de_in_english["language"] == "de"
+    assert de_in_german["confidence"] > 90 > 10 > de_in_english["confidence"]
+    assert status == 200 and html_answer["detectedLanguage"]["language"] == "de"
+    assert html_answer["detectedLanguage"]["confidence"] > 90  # its text's, not its tags

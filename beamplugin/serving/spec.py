@@ -81,6 +81,27 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
                 **translation_errors,
             },  # fmt: skip
         }},
+        "/detect": {"post": {
+            "summary": "The language of a text, among the model's source languages "
+                       "(LibreTranslate's)",
+            "security": security,
+            "requestBody": _body({
+                "type": "object", "required": ["q"],
+                "properties": {"q": {"type": "string"}, "api_key": {"type": "string"}},
+            }),
+            "responses": {
+                "200": _json("The source languages the detector knows, most likely first", {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Detected"},
+                }),
+                **_errors(
+                    (400, "No text, or more characters than --char-limit"),
+                    (403, "No API key, or an unknown one") if s.keys else None,
+                    (413, "The body is larger than --max-body-bytes"),
+                    (415, "The body is neither JSON nor a URL-encoded form"),
+                    (429, "Over the key's (or the client address's) requests per minute", True),
+                ),
+            },
+        }},  # fmt: skip
         "/languages": {"get": {
             "summary": "The language pairs (LibreTranslate's)",
             "responses": {"200": _json("Each source language, its name and its targets", {
@@ -205,8 +226,8 @@ def _languages(s: SpecSettings) -> str:
 def _pair(s: SpecSettings, optional: bool) -> dict[str, Any]:
     """A request's ``source`` and ``target``: a pair GET /languages lists (else 400); when
     ``optional``, the default pair's where absent."""
-    auto = ["auto"] if len(s.sources) == 1 else []  # nothing to detect but the one
-    source = {"type": "string", "enum": [*s.sources, *auto]}
+    source = {"type": "string", "enum": [*s.sources, "auto"],
+              "description": "auto: detected among the sources that translate to the target"}
     target = {"type": "string", "enum": s.targets}
     if optional:
         source["default"], target["default"] = s.default
@@ -240,11 +261,17 @@ def _schemas(s: SpecSettings) -> dict[str, Any]:
             "properties": {
                 "translatedText": {"oneOf": [{"type": "string"}, strings]},
                 "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
-                "detectedLanguage": {
-                    "type": "object",
-                    "properties": {"language": {"type": "string"},
-                                   "confidence": {"type": "number"}},  # fmt: skip
-                },
+                "detectedLanguage": {"$ref": "#/components/schemas/Detected"},
+            },
+            "additionalProperties": False,
+        },
+        "Detected": {
+            "type": "object",
+            "required": ["language", "confidence"],
+            "properties": {
+                "language": {"type": "string"},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 100,
+                               "description": "percent, among all the detector's languages"},
             },
             "additionalProperties": False,
         },
