@@ -4,6 +4,7 @@ steps with whatever else is in flight), then each document put back together."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from beamplugin.fairseq_plugin.language_pairs import Pair
@@ -32,12 +33,18 @@ async def translate_documents(
     sentences. Refused as Admission refuses (counting sentences, not documents); a document
     with no sentence to translate (numbers, markup only) is answered as it is."""
     read = html_document if text_format == "html" else text_document
-    documents = [read(text, pair[0], fits) for text in texts]
+    # In a thread: a megabyte of text takes a second or two to cut, which the event loop
+    # should spend answering others.
+    documents = await asyncio.to_thread(lambda: [read(text, pair[0], fits) for text in texts])
     units = [unit for document in documents for unit in document.units]
     translations = await admission.translate(units, nbest, pair) if units else []
-    answers, start = [], 0
-    for document in documents:
-        mine = translations[start : start + len(document.units)]
-        start += len(document.units)
-        answers.append([document.assemble([h[k].text for h in mine]) for k in range(nbest)])
-    return answers
+
+    def assemble() -> list[list[str]]:
+        answers, start = [], 0
+        for document in documents:
+            mine = translations[start : start + len(document.units)]
+            start += len(document.units)
+            answers.append([document.assemble([h[k].text for h in mine]) for k in range(nbest)])
+        return answers
+
+    return await asyncio.to_thread(assemble)
