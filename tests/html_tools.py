@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import lxml.html
 
-KEPT_TAGS = ("script", "style", "code")
+KEPT_TAGS = ("script", "style", "code", "pre")
 
 
 def tag_tree(markup: str) -> list:
     """The tag tree of ``markup``: tags, attributes, comments, and the text of the elements the
-    server does not translate (script, style, code, translate="no")."""
+    server does not translate (script, style, code, pre, translate="no")."""
 
     def shape(element) -> list:
         if not isinstance(element.tag, str):  # a comment

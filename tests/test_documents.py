@@ -110,7 +110,8 @@ def _snippet(rng: random.Random) -> str:
         if roll < 0.1:
             blocks.append("<script>var s = '<b>Satz. Satz.</b>';</script>")
         elif roll < 0.15:
-            blocks.append("<style>p > b { color: red }</style>")
+            blocks.append(rng.choice(["<style>p > b { color: red }</style>",
+                                      "<pre>Ein Satz.\n  Noch   einer.</pre>"]))  # fmt: skip
         elif roll < 0.25:
             blocks.append(f'<div translate="no"><p>{sentences}</p></div>')
         elif roll < 0.35:
@@ -121,7 +122,7 @@ def _snippet(rng: random.Random) -> str:
 
 
 def _kept(markup: str) -> list[str]:
-    return re.findall(r"<script>.*?</script>|<style>.*?</style>|<code>.*?</code>|"
+    return re.findall(r"<script>.*?</script>|<style>.*?</style>|<code>.*?</code>|<pre>.*?</pre>|"
                       r'<div translate="no">.*?</div>|<span translate="no">.*?</span>|<!--.*?-->',
                       markup, re.S)  # fmt: skip
 

@@ -6,8 +6,8 @@ translated text, comments, declarations) and even markup that does not parse is 
 Text between block boundaries (any tag but the inline ones below, ``<br>`` included) is a run;
 inline tags, comments and untranslated inline elements in it are marks, which the document
 puts back around the words they wrapped (see :mod:`.document`). Not translated: the content of
-``<script>``, ``<style>``, ``<code>``, ``<kbd>``, ``<samp>``, ``<var>``, ``<svg>``, ``<math>``
-and of any element with ``translate="no"`` or the class ``notranslate``; attribute values
+``<script>``, ``<style>``, ``<code>``, ``<pre>``, ``<kbd>``, ``<samp>``, ``<var>``, ``<svg>``,
+``<math>`` and of any element with ``translate="no"`` or the class ``notranslate``; attribute values
 (``title``, ``alt``) are not translated either.
 """
 
@@ -24,7 +24,8 @@ INLINE = frozenset(
     "a abbr b bdi bdo big cite code data del dfn em font i img ins kbd label mark math q s samp "
     "small span strong sub sup svg time tt u var wbr".split()
 )
-UNTRANSLATED = frozenset("script style code kbd samp var svg math".split())
+# <pre>: its lines and blanks are its layout, which a translation would not keep
+UNTRANSLATED = frozenset("script style code kbd samp var svg math pre".split())
 UNFINISHED = re.compile(r"<[a-zA-Z!/?]")
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 
