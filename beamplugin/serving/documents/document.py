@@ -5,9 +5,10 @@ runs of text. A run is cut into sentences (:mod:`.sentences`); each sentence is 
 the engine, and the whitespace around it, line and paragraph breaks included, is copied from
 the input. A run may hold marks (inline tags, comments) at positions of its text: a mark
 between sentences, or in the whitespace around one, stays where it was; a mark inside a
-sentence is put into its translation at the word boundary nearest the same fraction of the
-text (marks keep their order, so tags keep their nesting, and a tag wraps the words at the
-place of the words it wrapped: those words themselves where the model keeps word order).
+sentence is put into its translation at the same place counted in words (marks keep their
+order, so tags keep their nesting, and a tag wraps the words at the place of the words it
+wrapped: those words themselves where the model keeps word order; a mark inside a word moves
+to a word's edge).
 """
 
 from __future__ import annotations
