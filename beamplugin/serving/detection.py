@@ -16,6 +16,10 @@ import langcodes
 from langcodes.tag_parser import LanguageTagError
 from py3langid.langid import MODEL_FILE, LanguageIdentifier
 
+# Characters read from a text: plenty to tell its language, and a megabyte-long document is
+# not walked character by character in Python on the event loop.
+SAMPLE = 4000
+
 
 class LanguageDetector:
     """Detects which of ``sources`` (the model's language codes: ``de``, mBART's ``de_DE``,
@@ -26,7 +30,7 @@ class LanguageDetector:
 
     @cached_property
     def identifier(self) -> LanguageIdentifier:
-        return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+        return LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)  # probabilities
 
     @cached_property
     def codes(self) -> dict[str, str]:
@@ -36,8 +40,8 @@ class LanguageDetector:
 
     def detect(self, text: str, among: list[str] | None = None) -> list[tuple[str, float]]:
         """Each of the sources (or of ``among`` them) that the detector knows, most likely
-        first, with its confidence in percent."""
-        scores = dict(self.identifier.rank(text))
+        first, with its confidence in percent, from the first ``SAMPLE`` characters."""
+        scores = dict(self.identifier.rank(text[:SAMPLE]))
         codes = self.codes
         candidates = [code for code in (among or self._sources) if code in codes]
         ranked = [(code, round(100 * scores[codes[code]], 2)) for code in candidates]
