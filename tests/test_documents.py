@@ -164,3 +164,12 @@ def test_html_that_does_not_parse_loses_nothing(broken):
     itself = document.assemble(document.units)  # each sentence "translated" as itself
     assert html.unescape(itself) == html.unescape(broken)  # all there, escaped where needed
     assert tag_tree(document.assemble([stand_in(u) for u in document.units])) == tag_tree(broken)
+
+
+def test_mixed_scripts_emoji_and_combining_marks_lose_nothing():
+    text = "Hallo 世界。Привет, мир! مرحبا بالعالم. e\u0301te\u0301 👍🏽 ok?\n\u200b\n"
+    cut = segments(text, "de", fits_40, lines_end_sentences=True)
+    assert "".join(text[s.start : s.end] for s in cut) == text
+    document = text_document(text, "de", fits_40)
+    assert document.assemble(document.units) == text
+    assert document.assemble([stand_in(u) for u in document.units]).count("\n") == 2
