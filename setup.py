@@ -15,6 +15,9 @@ from setuptools import find_packages, setup
 #  - limits: the server's requests per minute (--req-limit); openapi-spec-validator and
 #    jsonschema (dev): its /spec checked, and its answers against it; psutil (dev): the soak's
 #    resident memory. See docs/dependencies.md.
+#  - sentencex: the server's documents cut into sentences (rules for ~300 languages in the
+#    package); py3langid: /detect and source "auto" (its model in the package); lxml (dev): the
+#    tests parse HTML with a second parser. See docs/dependencies.md.
 #  - tqdm: beamplugin-translate's progress bar (fairseq pulls it in unpinned); ray (extra
 #    "cluster", installed by make test too): beamplugin-translate --ray. See docs/cluster.md.
 INSTALL_REQUIRES = [
@@ -30,6 +33,8 @@ INSTALL_REQUIRES = [
     "langcodes==3.5.1",
     "language-data==1.4.0",
     "tqdm==4.70.1",
+    "sentencex==1.0.32",
+    "py3langid==0.4.0",
 ]
 
 setup(
@@ -53,6 +58,7 @@ setup(
             "openapi-spec-validator==0.9.0",
             "jsonschema==4.26.0",
             "psutil==7.2.2",
+            "lxml==6.1.3",
         ],
         # beamplugin-translate --ray (docs/cluster.md); make test installs it with dev
         "cluster": ["ray==2.60.0"],

@@ -64,13 +64,13 @@ def bad_inputs(sentence: str, body_limit: int, source: str, target: str) -> list
             "line too long", "/v1/translate",
             as_json({"sentences": [" ".join([sentence] * 1000)]}), 400, "accepts at most",
         ),  # fmt: skip
-        BadInput("empty line", "/translate", as_json({"q": "  ", **pair}), 400, "empty line"),
+        BadInput("empty text", "/translate", as_json({"q": "  ", **pair}), 400, "is empty"),
         BadInput(
             "nbest over beam", "/v1/translate", as_json({"sentences": [sentence], "nbest": 999}),
             400, "'nbest' must be",
         ),  # fmt: skip
         BadInput(
-            "html format", "/translate", as_json({"q": sentence, "format": "html", **pair}),
+            "unknown format", "/translate", as_json({"q": sentence, "format": "pdf", **pair}),
             400, "format",
         ),  # fmt: skip
         BadInput("text body", "/translate", b"q", 415, "send JSON", "text/plain"),

@@ -248,7 +248,8 @@ def test_languages_and_the_pairs_a_request_may_ask_for(server):
     ])  # fmt: skip
     assert unknown == (400, {"error": "the model does not translate en to de "
                                       "(GET /languages lists what it does)"})  # fmt: skip
-    assert auto[0] == 400 and "'auto' needs a language identifier" in auto[1]["error"]
+    # only German translates to English here: detected among those alone
+    assert auto[0] == 200 and auto[1]["detectedLanguage"]["language"] == "de", auto
     assert other[0] == 400 and "does not translate de to xx" in other[1]["error"]
     assert not_code == (400, {"error": "'source' and 'target' are language codes (strings)"})
 
@@ -294,3 +295,40 @@ def test_page_chooses_the_pair_from_languages_and_swaps_it(server, interactive, 
     assert to_french == ("de", ["de", "en", "fr"], "fr", ["en", "fr"], True)
     assert swapped == ("fr", ["de", "en", "fr"], "de", ["de"], True)
     assert (best, error) == (interactive["fr-de"][0][0][1], "")
+
+
+def test_auto_source_and_detect_route_a_request_to_its_language(server):
+    """Real sentences (the toy words tell no language): /detect ranks the model's source
+    languages, and ``source: "auto"`` translates in the pair of the language detected among
+    those that translate to the target, as that pair named would."""
+    texts = {"de": "Guten Morgen, wie geht es Ihnen heute?",
+             "en": "Good morning, how are you today?",
+             "fr": "Bonjour, comment allez-vous aujourd'hui ?"}  # fmt: skip
+
+    async def ask() -> list:
+        async with aiohttp.ClientSession() as session:
+            def post(path: str, body: dict):
+                return status_and_json(session.post(server.url + path, json=body))
+
+            return await asyncio.gather(
+                *(post("/detect", {"q": text}) for text in texts.values()),
+                post("/translate", {"q": texts["en"], "source": "auto", "target": "fr"}),
+                post("/translate", {"q": texts["en"], "source": "en", "target": "fr"}),
+                post("/translate", {"q": texts["de"], "source": "auto", "target": "fr"}),
+                post("/translate", {"q": texts["de"], "source": "de", "target": "fr"}),
+                post("/detect", {"q": " "}),
+            )
+
+    *detected, auto_en, named_en, auto_de, named_de, empty = asyncio.run(
+        asyncio.wait_for(ask(), 60)
+    )
+    for language, (status, ranked) in zip(texts, detected, strict=True):
+        assert status == 200 and sorted(r["language"] for r in ranked) == ["de", "en", "fr"]
+        assert ranked[0]["language"] == language and ranked[0]["confidence"] > 50, ranked
+        assert [r["confidence"] for r in ranked] == sorted((r["confidence"] for r in ranked),
+                                                           reverse=True)  # fmt: skip
+    assert auto_en[1]["detectedLanguage"]["language"] == "en"
+    assert auto_en[1]["translatedText"] == named_en[1]["translatedText"]
+    assert auto_de[1]["detectedLanguage"]["language"] == "de"
+    assert auto_de[1]["translatedText"] == named_de[1]["translatedText"]
+    assert empty == (400, {"error": "'q' is required: a text"})

@@ -7,8 +7,9 @@ while the aiohttp event loop only parses, encodes and answers. Options are fairs
 server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation is what
 fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
-Endpoints: ``POST /translate`` (LibreTranslate's API), ``POST /v1/translate`` (n-best lists
-with scores and alignments), ``GET /languages`` (LibreTranslate's), ``GET /health``,
+Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into
+sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect``
+and ``GET /languages`` (LibreTranslate's), ``GET /health``,
 ``GET /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET
 /docs`` (it, readable) and ``GET /`` (a page to try it). Bad input is answered with a
 status and ``{"error": "..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body
@@ -34,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
+from beamplugin.serving.documents.translation import translate_documents
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
@@ -86,6 +88,7 @@ class TranslationService:
         app.router.add_get("/languages", self.libre_languages)
         app.router.add_post("/translate", self.libre_translate)
         app.router.add_post("/v1/translate", self.translate_nbest)
+        app.router.add_post("/detect", self.detect)
         return app
 
     @web.middleware
@@ -128,19 +131,29 @@ class TranslationService:
     # ---- translation -------------------------------------------------------------------------
 
     async def libre_translate(self, request: web.Request) -> web.Response:
-        """LibreTranslate's ``/translate``: ``q`` a string or a list of strings."""
+        """LibreTranslate's ``/translate``: ``q`` a string or a list of strings, each a text
+        or an HTML document cut into sentences (beamplugin.serving.documents), or with
+        ``split_sentences`` false a sentence."""
         body = await read_body(request)
         self.guards.admit(request, body)
         ask = LibreRequest.parse(body, self.served)
-        translations = await self.admission.translate(ask.lines, 1 + ask.alternatives, ask.pair)
-        texts = [[h.text for h in hypotheses] for hypotheses in translations]
+        nbest = 1 + ask.alternatives
+        if ask.split:  # documents: the characters counted as sent, markup and blanks included
+            self.guards.check_characters(ask.lines)
+            texts = await translate_documents(
+                self.admission, ask.lines, ask.format, nbest, ask.pair, self.translator.fits
+            )
+        else:
+            translations = await self.admission.translate(ask.lines, nbest, ask.pair)
+            texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
         if ask.alternatives:
             answer["alternatives"] = [t[1:] for t in texts]
         if ask.single:
             answer = {key: value[0] for key, value in answer.items()}
-        if ask.detect_source:  # no detection: this server has one source language
-            answer["detectedLanguage"] = {"language": ask.pair[0], "confidence": 0.0}
+        if ask.detected is not None:
+            answer["detectedLanguage"] = {"language": ask.detected[0],
+                                          "confidence": ask.detected[1]}  # fmt: skip
         return json_answer(answer)
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
@@ -158,6 +171,18 @@ class TranslationService:
                 ]
             }
         )
+
+    async def detect(self, request: web.Request) -> web.Response:
+        """LibreTranslate's ``/detect``: ``q`` a text -> the model's source languages the
+        detector knows, most likely first, each with its confidence in percent."""
+        body = await read_body(request)
+        self.guards.admit(request, body)
+        q = body.get("q")
+        if not isinstance(q, str) or not q.strip():
+            raise Refused(400, "'q' is required: a text")
+        self.guards.check_characters([q])
+        found = self.served.detector.detect(q)
+        return json_answer([{"language": code, "confidence": p} for code, p in found])
 
     # ---- the rest ----------------------------------------------------------------------------
 

@@ -4,36 +4,49 @@ LibreTranslate takes both) and each endpoint's fields checked into a plain objec
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from beamplugin.fairseq_plugin.language_pairs import LanguagePairs, Pair
+from beamplugin.serving.detection import LanguageDetector
 from beamplugin.serving.responses import Refused
 from beamplugin.serving.translator import Translator
+
+Detected = tuple[str, float]  # a source language found by the detector, its confidence (%)
+MARKUP = re.compile(r"<[^>]*>")
 
 
 @dataclass(frozen=True)
 class Served:
     """What the server translates: the language pairs of its models, the beam (the most
-    hypotheses a request may ask for), the default n-best and whether it prints alignments."""
+    hypotheses a request may ask for), the default n-best, whether it prints alignments, and
+    the detector of its source languages."""
 
     languages: LanguagePairs
     beam: int
     nbest: int
     aligns: bool
+    detector: LanguageDetector = field(compare=False)
 
     @classmethod
     def of(cls, translator: Translator) -> Served:
-        return cls(translator.languages, translator.beam, translator.nbest, translator.aligns)
+        languages = translator.languages
+        return cls(languages, translator.beam, translator.nbest, translator.aligns,
+                   LanguageDetector(languages.sources()))  # fmt: skip
 
-    def pair(self, body: dict[str, Any], required: bool) -> Pair:
+    def pair(
+        self, body: dict[str, Any], required: bool, texts: list[str]
+    ) -> tuple[Pair, Detected | None]:
         """The pair of the body's ``source`` and ``target`` (required, or else the default
-        pair's where absent), or Refused: a pair the models do not translate, or ``source``
-        ``auto`` with more than one source language (no language identifier is configured)."""
+        pair's where absent), or Refused: a pair the models do not translate. ``source``
+        ``auto``: the language of ``texts`` among the sources that translate to the target
+        (also returned, with its confidence)."""
         given = body.get("source"), body.get("target")
         if required and None in given:
             raise Refused(400, "'source' and 'target' are required (language codes)")
@@ -42,41 +55,68 @@ class Served:
         languages = self.languages
         source, target = (d if g is None else g for g, d in zip(given, languages.default,
                                                                  strict=True))  # fmt: skip
-        if source == "auto":
-            sources = languages.sources()
-            if len(sources) > 1:
-                raise Refused(400, "'source': 'auto' needs a language identifier and this "
-                                   "server has none: give the source language (GET /languages)")
-            source = sources[0]
+        detected = self._detect(texts, target) if source == "auto" else None
+        if detected is not None:
+            source = detected[0]
         if not languages.knows((source, target)):
             raise Refused(400, f"the model does not translate {source} to {target} "
                                "(GET /languages lists what it does)")  # fmt: skip
-        return source, target
+        return (source, target), detected
+
+    def _detect(self, texts: list[str], target: str) -> Detected:
+        """The most likely language of ``texts`` (all of a request's together) among the
+        sources that translate to ``target``."""
+        sources = [s for s in self.languages.sources() if self.languages.knows((s, target))]
+        if not sources:
+            raise Refused(400, f"the model translates no language to {target} "
+                               "(GET /languages lists what it does)")  # fmt: skip
+        found = self.detector.detect(" ".join(texts), among=sources)
+        if found:
+            return found[0]
+        if len(sources) == 1:  # one the detector does not know: it can only be that one
+            return sources[0], 0.0
+        raise Refused(400, f"'source': 'auto': the language detector knows none of "
+                           f"{', '.join(sources)}: give the source language")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class LibreRequest:
     """LibreTranslate's ``/translate``: ``q`` a string (``single``) or a list of strings,
-    ``alternatives`` more hypotheses per line, in ``pair`` (``source`` and ``target``)."""
+    ``alternatives`` more hypotheses per line, in ``pair`` (``source`` and ``target``; with
+    ``source: "auto"``, ``detected``). ``format`` "text" or "html"; ``split``: each string is
+    a document cut into sentences (always for HTML; for text unless ``split_sentences`` is
+    false, when each string is one sentence)."""
 
     lines: list[str]
     single: bool
     alternatives: int
-    detect_source: bool
+    detected: Detected | None
     pair: Pair
+    format: str
+    split: bool
 
     @classmethod
     def parse(cls, body: dict[str, Any], served: Served) -> LibreRequest:
-        pair = served.pair(body, required=True)
         q = body.get("q")
         if not (isinstance(q, str) or _strings(q)):
             raise Refused(400, "'q' is required: a string or a list of strings")
-        if body.get("format", "text") != "text":
-            raise Refused(400, "only format 'text' is served")
-        alternatives = integer_field(body, "alternatives", 0, 0, served.beam - 1)
+        text_format = body.get("format", "text")
+        if text_format not in ("text", "html"):
+            raise Refused(400, "'format' must be 'text' or 'html'")
         single = isinstance(q, str)
-        detect = body.get("source") == "auto"
-        return cls([q] if single else q, single, alternatives, detect, pair)
+        lines = [q] if single else q
+        texts = lines
+        if text_format == "html":  # its language is its text's: tags out, entities read
+            texts = [html.unescape(MARKUP.sub(" ", line)) for line in lines]
+        pair, detected = served.pair(body, required=True, texts=texts)
+        split = text_format == "html" or boolean_field(body, "split_sentences", True)
+        alternatives = integer_field(body, "alternatives", 0, 0, served.beam - 1)
+        if split:  # a document of nothing but blanks has no sentence to stand for it
+            for index, line in enumerate(lines):
+                if not line.strip():
+                    raise Refused(400, f"'q' {'' if single else f'item {index} '}is empty: "
+                                       "there is nothing to translate")  # fmt: skip
+        return cls(lines, single, alternatives, detected, pair, text_format, split)
 
 
 @dataclass(frozen=True)
@@ -91,10 +131,10 @@ class NbestRequest:
 
     @classmethod
     def parse(cls, body: dict[str, Any], served: Served) -> NbestRequest:
-        pair = served.pair(body, required=False)
         sentences = body.get("sentences")
         if not _strings(sentences):
             raise Refused(400, "'sentences' is required: a list of strings")
+        pair, _ = served.pair(body, required=False, texts=sentences)
         nbest = integer_field(body, "nbest", served.nbest, 1, served.beam)
         alignment = body.get("alignment", False)
         if not isinstance(alignment, bool):
@@ -143,4 +183,15 @@ def integer_field(body: dict[str, Any], name: str, default: int, low: int, high:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise Refused(400, f"'{name}' must be an integer from {low} to {high}")
+    return value
+
+
+def boolean_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    """``body[name]`` (``default`` if absent) as true or false; a form's "true"/"false" (or
+    "1"/"0") count."""
+    value = body.get(name, default)
+    if isinstance(value, str):  # from a form
+        value = {"true": True, "1": True, "false": False, "0": False}.get(value.strip().lower())
+    if not isinstance(value, bool):
+        raise Refused(400, f"'{name}' must be true or false")
     return value

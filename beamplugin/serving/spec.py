@@ -81,6 +81,27 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
                 **translation_errors,
             },  # fmt: skip
         }},
+        "/detect": {"post": {
+            "summary": "The language of a text, among the model's source languages "
+                       "(LibreTranslate's)",
+            "security": security,
+            "requestBody": _body({
+                "type": "object", "required": ["q"],
+                "properties": {"q": {"type": "string"}, "api_key": {"type": "string"}},
+            }),
+            "responses": {
+                "200": _json("The source languages the detector knows, most likely first", {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Detected"},
+                }),
+                **_errors(
+                    (400, "No text, or more characters than --char-limit"),
+                    (403, "No API key, or an unknown one") if s.keys else None,
+                    (413, "The body is larger than --max-body-bytes"),
+                    (415, "The body is neither JSON nor a URL-encoded form"),
+                    (429, "Over the key's (or the client address's) requests per minute", True),
+                ),
+            },
+        }},  # fmt: skip
         "/languages": {"get": {
             "summary": "The language pairs (LibreTranslate's)",
             "responses": {"200": _json("Each source language, its name and its targets", {
@@ -154,10 +175,19 @@ def _libre_request(s: SpecSettings) -> dict[str, Any]:
                     {"type": "array", "items": {"type": "string"},
                      "minItems": 1, "maxItems": s.max_request_sentences},
                 ],  # fmt: skip
-                "description": "a line, or a list of lines, to translate",
+                "description": "a text, or a list of texts, to translate: each one cut into "
+                               "sentences, put back together with its own blanks and line breaks",
             },
             **_pair(s, optional=False),
-            "format": {"type": "string", "enum": ["text"], "default": "text"},
+            "format": {
+                "type": "string", "enum": ["text", "html"], "default": "text",
+                "description": "html: text nodes translated; tags, attributes, entities, "
+                               "comments and <script>, <style>, <code>, translate=\"no\" kept",
+            },
+            "split_sentences": {
+                "type": "boolean", "default": True,
+                "description": "format text only; false: each text is one sentence",
+            },
             "alternatives": {
                 "type": "integer", "minimum": 0, "maximum": s.beam - 1, "default": 0,
                 "description": "more translations of each line, from its n-best list",
@@ -196,8 +226,8 @@ def _languages(s: SpecSettings) -> str:
 def _pair(s: SpecSettings, optional: bool) -> dict[str, Any]:
     """A request's ``source`` and ``target``: a pair GET /languages lists (else 400); when
     ``optional``, the default pair's where absent."""
-    auto = ["auto"] if len(s.sources) == 1 else []  # nothing to detect but the one
-    source = {"type": "string", "enum": [*s.sources, *auto]}
+    source = {"type": "string", "enum": [*s.sources, "auto"],
+              "description": "auto: detected among the sources that translate to the target"}
     target = {"type": "string", "enum": s.targets}
     if optional:
         source["default"], target["default"] = s.default
@@ -231,11 +261,17 @@ def _schemas(s: SpecSettings) -> dict[str, Any]:
             "properties": {
                 "translatedText": {"oneOf": [{"type": "string"}, strings]},
                 "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
-                "detectedLanguage": {
-                    "type": "object",
-                    "properties": {"language": {"type": "string"},
-                                   "confidence": {"type": "number"}},  # fmt: skip
-                },
+                "detectedLanguage": {"$ref": "#/components/schemas/Detected"},
+            },
+            "additionalProperties": False,
+        },
+        "Detected": {
+            "type": "object",
+            "required": ["language", "confidence"],
+            "properties": {
+                "language": {"type": "string"},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 100,
+                               "description": "percent, among all the detector's languages"},
             },
             "additionalProperties": False,
         },

@@ -111,6 +111,14 @@ class Translator:
         where the model has one), on the decoder's device; RefusedLine if it cannot be."""
         return self.languages.source_tokens(pair, self.encoder.encode(line)).to(self.device)
 
+    def fits(self, text: str) -> bool:
+        """Whether ``text`` has no more source tokens than the model accepts (what a document's
+        sentences are cut to)."""
+        limit = self.encoder.max_positions
+        if limit is None:
+            return True
+        return len(self.encoder.encode_fn(text.strip()).split()) + 1 <= limit  # + end of sentence
+
     def prompt(self, pair: Pair) -> Prompt:
         """What a hypothesis in ``pair`` starts with (a multilingual model's target-language
         token), on the decoder's device."""

@@ -1,0 +1,50 @@
+"""A request's documents through the server's :class:`~beamplugin.serving.admission.Admission`:
+the sentences of all of them queued together (each one a request of the engine's, sharing its
+steps with whatever else is in flight), then each document put back together."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from beamplugin.fairseq_plugin.language_pairs import Pair
+from beamplugin.serving.admission import Admission
+from beamplugin.serving.documents.document import Document, Run
+from beamplugin.serving.documents.markup import html_document
+
+
+def text_document(text: str, language: str, fits: Callable[[str], bool]) -> Document:
+    """``text`` cut into sentences by ``language``'s rules and at every line break."""
+    run = Run()
+    run.add_text(text)
+    return Document([run], language, fits, lines_end_sentences=True)
+
+
+async def translate_documents(
+    admission: Admission,
+    texts: list[str],
+    text_format: str,
+    nbest: int,
+    pair: Pair,
+    fits: Callable[[str], bool],
+) -> list[list[str]]:
+    """The ``nbest`` translations of each of ``texts`` (``text_format`` "text" or "html") in
+    ``pair``: translation k of a document puts together hypothesis k of each of its
+    sentences. Refused as Admission refuses (counting sentences, not documents); a document
+    with no sentence to translate (numbers, markup only) is answered as it is."""
+    read = html_document if text_format == "html" else text_document
+    # In a thread: a megabyte of text takes a second or two to cut, which the event loop
+    # should spend answering others.
+    documents = await asyncio.to_thread(lambda: [read(text, pair[0], fits) for text in texts])
+    units = [unit for document in documents for unit in document.units]
+    translations = await admission.translate(units, nbest, pair) if units else []
+
+    def assemble() -> list[list[str]]:
+        answers, start = [], 0
+        for document in documents:
+            mine = translations[start : start + len(document.units)]
+            start += len(document.units)
+            answers.append([document.assemble([h[k].text for h in mine]) for k in range(nbest)])
+        return answers
+
+    return await asyncio.to_thread(assemble)
