@@ -394,6 +394,9 @@ def _hypotheses(output: str) -> dict[int, tuple[float, str]]:
     return found
 
 
+@pytest.mark.skipif(
+    not native_on_cpu(torch.bfloat16), reason="without bfloat16 products --bf16 runs float32"
+)
 def test_generate_with_bf16_decodes_in_bfloat16(trained):
     """fairseq-generate casts the models only for --fp16; with our task --bf16 decodes in
     bfloat16 (not silently in float32): scores move by bfloat16's rounding, translations hold."""
@@ -413,6 +416,9 @@ def test_generate_with_bf16_decodes_in_bfloat16(trained):
     assert max(gaps) < 0.05, max(gaps)
 
 
+@pytest.mark.skipif(
+    not native_on_cpu(torch.bfloat16), reason="without bfloat16 products --bf16 runs float32"
+)
 def test_interactive_with_bf16_answers_every_line(trained):
     data, ckpt = trained
     lines = ["w1 w2 w3", "w5", "w7 w7 w8 w9 w10"]

@@ -3,30 +3,46 @@
 On sharp random models (the generator's tests' ones) bfloat16 decoding gives the float32
 translation for most sentences, with scores within bfloat16's rounding; the search step reads
 float32 log-probs and picks exactly what fairseq's search picks from them; continuous batching in
-bfloat16 gives each sentence what it gets alone in bfloat16. Unsupported precisions are refused.
-int8 products: test_int8.py.
+bfloat16 gives each sentence what it gets alone in bfloat16. Unsupported precisions are refused;
+``--bf16`` decodes in float32 where it would be slower. int8 products: test_int8.py.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
-from builders import BUILDERS, ORDERS, alone, assert_same, fairseq_reference, make_batch, stream
+from builders import (
+    BUILDERS,
+    ORDERS,
+    alone,
+    assert_identical,
+    assert_same,
+    fairseq_reference,
+    make_batch,
+    stream,
+)
 from precision_bounds import MIN_SAME_SHARE, N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
+from beamplugin.fairseq_plugin import precision
 from beamplugin.fairseq_plugin.precision import (
     cast_for_decoding,
     native_on_cpu,
     requested_precision,
 )
+from beamplugin.kernels import native_library
 from beamplugin.search import beam_step
 
 # vocab, one_thread and sentences: conftest.py's module-scoped fixtures
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
+# elsewhere --bf16 decodes in float32 (test_bf16_decodes_in_float32_on_a_cpu_without_it)
+needs_bf16 = pytest.mark.skipif(
+    not native_on_cpu(torch.bfloat16), reason="this CPU has no bfloat16 products"
+)
 
 
 def in_bf16(model: torch.nn.Module) -> torch.nn.Module:
@@ -41,6 +57,7 @@ def convs2s(vocab):
 
 
 @pytest.mark.parametrize("arch", ["convs2s", "transformer"])
+@needs_bf16
 def test_bf16_translations_equal_float32_on_most_sentences(vocab, arch):
     model = BUILDERS[arch](vocab, 1)
     sample = make_batch(vocab, N_SENTENCES, seed=3)
@@ -61,6 +78,7 @@ def test_bf16_translations_equal_float32_on_most_sentences(vocab, arch):
         assert hypo["score"].dtype == hypo["positional_scores"].dtype == torch.float32
 
 
+@needs_bf16
 def test_search_reads_float32_log_probs_and_picks_as_fairseq(vocab, convs2s):
     """The decoder's bfloat16 logits are widened before the log-softmax (so the search sees
     float32, with the many exact ties bfloat16 makes); the search step then picks from them
@@ -95,6 +113,7 @@ def test_search_reads_float32_log_probs_and_picks_as_fairseq(vocab, convs2s):
         assert ours.alive_tokens.tolist() == cand_tokens.gather(1, active).tolist()
 
 
+@needs_bf16
 @pytest.mark.parametrize(
     "options",
     [dict(beam_size=4), dict(beam_size=3, stopping="exact", len_penalty=0.5),
@@ -110,6 +129,7 @@ def test_stream_in_bf16_equals_each_sentence_alone_in_bf16(vocab, convs2s, sente
         assert engine.refills > 0
 
 
+@needs_bf16
 def test_cached_inference_weights_follow_the_cast(vocab, convs2s):
     """Folded weights are made again in the new precision, and a cast back to float32 decodes
     exactly as before."""
@@ -149,3 +169,58 @@ def test_precision_flags_and_unsupported_combinations(convs2s):
         with pytest.raises(ValueError, match="--fp16 on this CPU: it has no float16"):
             cast_for_decoding([model], "fp16")
         assert next(model.parameters()).dtype == torch.float32  # refused before any cast
+
+
+FALLBACK = "decoding in float32"
+
+
+def _cast_and_decode(model, vocab, sample, caplog) -> tuple[torch.dtype, list, int]:
+    """``model`` (a copy) cast for --bf16 and decoded: its dtype, hypotheses, and how many
+    times the log said it decodes in float32."""
+    model = copy.deepcopy(model)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="beamplugin"):
+        dtype = cast_for_decoding([model], "bf16")
+        out = SequenceGenerator([model], vocab, beam_size=5, max_len_b=20).generate(None, sample)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    return dtype, out, sum(FALLBACK in r.getMessage() for r in caplog.records)
+
+
+@needs_bf16
+def test_bf16_decodes_in_float32_where_its_trial_finds_it_slower(vocab, kernels_for, tmp_path,
+                                                                 monkeypatch, caplog):  # fmt: skip
+    """The load-time trial of bfloat16 against float32 (kept on disk as our kernels' trials):
+    where float32 won, --bf16 decodes with float32's bits and says so once; where bfloat16
+    won, it decodes in bfloat16."""
+    monkeypatch.setenv(native_library.CACHE, str(tmp_path))
+    kernels_for("")  # not pinned: the trial is timed, then its verdict is set below
+    model = BUILDERS["transformer"](vocab, 1)
+    sample = make_batch(vocab, 12, seed=6)
+    reference = SequenceGenerator([copy.deepcopy(model)], vocab, beam_size=5, max_len_b=20)
+    expected = reference.generate(None, sample)
+    _cast_and_decode(model, vocab, sample, caplog)
+    (kept,) = tmp_path.glob(f"trials/*/{precision.BF16_TRIAL}-*.txt")
+    for verdict, dtype, said in [("torch 1.500 1.400 1.600", torch.float32, 1),
+                                 ("ours 0.700 0.600 0.800", torch.bfloat16, 0)]:  # fmt: skip
+        kept.write_text(verdict + "\n")
+        native_library.forget()  # a later process: it reads the verdict, times nothing
+        cast_dtype, out, fallbacks = _cast_and_decode(model, vocab, sample, caplog)
+        assert (cast_dtype, fallbacks) == (dtype, said)
+        if dtype == torch.float32:
+            assert_identical(expected, out)
+        else:
+            assert not torch.equal(out[0][0]["positional_scores"],
+                                   expected[0][0]["positional_scores"])  # fmt: skip
+
+
+def test_bf16_decodes_in_float32_on_a_cpu_without_it(vocab, convs2s, monkeypatch, caplog):
+    """Without bfloat16 products torch would emulate them, slower than float32: --bf16 decodes
+    in float32 (float32's bits), and the log says so once."""
+    monkeypatch.setattr(precision, "native_on_cpu", lambda dtype: dtype == torch.float32)
+    sample = make_batch(vocab, 12, seed=6)
+    reference = SequenceGenerator([copy.deepcopy(convs2s)], vocab, beam_size=5, max_len_b=20)
+    expected = reference.generate(None, sample)
+    dtype, out, fallbacks = _cast_and_decode(convs2s, vocab, sample, caplog)
+    assert (dtype, fallbacks) == (torch.float32, 1)
+    assert "no bfloat16 products" in caplog.text
+    assert_identical(expected, out)

@@ -8,7 +8,9 @@ widened to float32 before the temperature and the log-softmax (beamplugin.engine
 cumulative scores, length normalisation and the stop tests are float32.
 
 Where a precision has no hardware support (checked per device), float16 is refused with a clear
-message and bfloat16 decodes as asked with a warning: never a silent float32 run. ``int8``
+message. ``--bf16`` on the CPU is never slower than float32: where the CPU has no bfloat16
+arithmetic, or where a load-time trial (:func:`bf16_pays`) decodes the models slower in bfloat16
+than in float32, they decode in float32 and the log says so. ``int8``
 (CPU only) keeps float32 and multiplies the largest weights in int8 instead, each row of
 activations with its own scale, so that a sentence's result does not depend on its batch-mates
 (beamplugin.modules.linear.int8_linear).
@@ -16,6 +18,8 @@ activations with its own scale, so that a sentence's result does not depend on i
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import logging
 from collections.abc import Iterable
 
@@ -23,6 +27,9 @@ import torch
 from fairseq.models.transformer import TransformerModelBase
 from torch import nn
 
+from beamplugin.fairseq_plugin.generator import SequenceGenerator
+from beamplugin.kernels import trials
+from beamplugin.kernels.trials import Trial
 from beamplugin.modules import linear as linear_module
 from beamplugin.modules.linear import InferenceCache, native_on_cpu
 
@@ -36,6 +43,12 @@ PRECISIONS = {
     "fp16": torch.float16,
     "int8": torch.float32,
 }
+# bf16_pays's trial: sentences a call decodes (a step of 5 rows at beam 5, one of 80), each of
+# this many source tokens and decoded to exactly this many target tokens (no early stop in
+# either precision: both do the same work).
+BF16_TRIAL_SENTENCES = (1, 16)
+BF16_TRIAL_LENGTH = 8
+BF16_TRIAL = "bf16_decode"  # the trial's name in beamplugin.kernels.trials
 
 
 def requested_precision(fp16: bool, bf16: bool, int8: bool = False) -> str:
@@ -48,7 +61,7 @@ def requested_precision(fp16: bool, bf16: bool, int8: bool = False) -> str:
 
 
 def check_precision(precision: str, device: torch.device) -> None:
-    """Refuse a precision that should not decode on ``device``; warn where it is slow."""
+    """Refuse a precision that should not decode on ``device``."""
     dtype = PRECISIONS[precision]
     if precision == "int8":
         if device.type != "cpu":
@@ -64,26 +77,82 @@ def check_precision(precision: str, device: torch.device) -> None:
             name = torch.cuda.get_device_name(device)
             raise ValueError(f"--bf16: the GPU {name} has no bfloat16; use --fp16")
         return
-    if device.type != "cpu" or native_on_cpu(dtype):
-        return
-    if dtype == torch.float16:
-        raise ValueError(
-            "--fp16 on this CPU: it has no float16 arithmetic (no AVX512-FP16 or AVX-NE-CONVERT), "
-            "so float16 products are emulated and decode slower than float32 (see the README, "
-            "Reduced precision). Decode with --bf16 for reduced precision, or leave out --fp16 "
-            "for float32."
+    if device.type != "cpu" or native_on_cpu(dtype) or dtype == torch.bfloat16:
+        return  # bfloat16 without hardware products decodes in float32 (bf16_pays)
+    raise ValueError(
+        "--fp16 on this CPU: it has no float16 arithmetic (no AVX512-FP16 or AVX-NE-CONVERT), "
+        "so float16 products are emulated and decode slower than float32 (see the README, "
+        "Reduced precision). Decode with --bf16 for reduced precision, or leave out --fp16 "
+        "for float32."
+    )
+
+
+def bf16_pays(models: list[nn.Module]) -> bool:
+    """Whether ``models`` (float32, on the CPU) decode faster in bfloat16 than in float32 here:
+    not where the CPU has no bfloat16 products (torch emulates them), else the verdict of a
+    trial that decodes a few random sentences both ways through our generator (all of it: our
+    float32 runs kernels bfloat16 may not, such as the transformer's step in one call). Timed
+    once per CPU, code version and models' shapes, kept and pinned as our kernels' trials
+    (beamplugin.kernels.trials: a pinned ``BEAMPLUGIN_ISA`` keeps bfloat16). Logged once where
+    the answer is no."""
+    if not native_on_cpu(torch.bfloat16):
+        logger.warning(
+            "--bf16 on this CPU: it has no bfloat16 products (no AVX512-BF16 or AMX), so torch "
+            "would emulate them, slower than float32: decoding in float32"
         )
+        return False
+    translators = [m for m in models if getattr(m, "encoder", None) is not None]
+    if not translators:
+        return True  # nothing our generator decodes alone: as asked
+    shapes = hashlib.sha256()
+    for model in translators:
+        shapes.update(type(model).__name__.encode())
+        for name, parameter in model.named_parameters():
+            shapes.update(f"{name}{tuple(parameter.shape)}".encode())
+    shape = (type(translators[0]).__name__, shapes.hexdigest()[:12])
+    sides = "float32, bfloat16"
+    if trials.ours_is_faster(BF16_TRIAL, shape, lambda: _bf16_trial(translators), sides):
+        return True
     logger.warning(
-        "--bf16 on this CPU: it has no bfloat16 products (no AVX512-BF16 or AMX), so torch "
-        "emulates them; decoding in bfloat16 as asked, but slower than float32 here (see the "
-        "README, Reduced precision)"
+        "--bf16: these models decode slower in bfloat16 than in float32 on this CPU (trial %s "
+        "%s): decoding in float32",
+        BF16_TRIAL,
+        shape,
+    )
+    return False
+
+
+def _bf16_trial(models: list[nn.Module]) -> Trial:
+    """Our generator on a bfloat16 copy of ``models`` against it on ``models`` (float32): beam
+    5, random sources, every hypothesis decoded to the same length."""
+    first = models[0]
+    source, target = first.encoder.dictionary, first.decoder.dictionary
+    options = dict(beam_size=5, max_len_b=BF16_TRIAL_LENGTH, min_len=BF16_TRIAL_LENGTH)
+    options.update(attention=False)
+    half = [copy.deepcopy(m).to(torch.bfloat16) for m in models]
+    in_bf16 = SequenceGenerator(half, target, **options)
+    in_float32 = SequenceGenerator(models, target, **options)
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for sentences in BF16_TRIAL_SENTENCES:
+        words = torch.randint(source.nspecial, len(source), (sentences, BF16_TRIAL_LENGTH),
+                              generator=g)  # fmt: skip
+        tokens = torch.cat([words, torch.full((sentences, 1), source.eos())], 1)
+        lengths = torch.full((sentences,), BF16_TRIAL_LENGTH + 1)
+        net_input = {"src_tokens": tokens, "src_lengths": lengths}
+        samples.append(({"id": torch.arange(sentences), "net_input": net_input},))
+    return Trial(
+        lambda sample: in_bf16.generate(None, sample),
+        lambda sample: in_float32.generate(None, sample),
+        samples,
     )
 
 
 def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> torch.dtype:
     """Check ``precision`` (a key of PRECISIONS) on the models' devices and cast ``models``
-    (None entries skipped) to it in place; returns the dtype. The cast drops the models' cached
-    inference weights, which are then made again in that precision on first use."""
+    (None entries skipped) to it in place; returns the dtype: float32 for ``bf16`` on a CPU
+    where :func:`bf16_pays` says no. The cast drops the models' cached inference weights, which
+    are then made again in that precision on first use."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     dtype = PRECISIONS[precision]
@@ -119,6 +188,11 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
             if levels == 127
             else "7-bit weights (torch's int8 products, which sum pairs in 16 bits here)",
         )
+    if dtype == torch.bfloat16 and devices == {torch.device("cpu")}:
+        for model in models:
+            model.to(torch.float32)  # the trial's float32 side, and the fallback's models
+        if not bf16_pays(models):
+            dtype = torch.float32
     for model in models:
         model.to(dtype)
     for module in caches + transformer_decoders:

@@ -47,15 +47,21 @@ class Trial(NamedTuple):
 _verdicts: dict[tuple[str, tuple[Any, ...]], bool] = {}
 
 
-def ours_is_faster(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Trial]) -> bool:
+def ours_is_faster(
+    kernel: str,
+    shape: tuple[Any, ...],
+    trial: Callable[[], Trial],
+    sides: str = "torch's kernel, ours",
+) -> bool:
     """Whether ``kernel`` at ``shape`` takes our kernel: ours where the geometric mean of its
     time over torch's on the ``trial()``'s inputs is below 1 (the trial made only where no
     verdict is kept yet). Decided once per CPU, code version and shape (kept on disk), and
-    pinned by ``BEAMPLUGIN_ISA``."""
+    pinned by ``BEAMPLUGIN_ISA``. ``sides`` names the winner then the loser where ours loses
+    (logged once)."""
     key = (kernel, shape)
     verdict = _verdicts.get(key)
     if verdict is None:
-        verdict = instruction_sets.pinned() or _verdict(kernel, shape, trial)
+        verdict = instruction_sets.pinned() or _verdict(kernel, shape, trial, sides)
         _verdicts[key] = verdict
     return verdict
 
@@ -63,7 +69,7 @@ def ours_is_faster(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Tria
 native_library.on_forget(_verdicts.clear)
 
 
-def _verdict(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Trial]) -> bool:
+def _verdict(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Trial], sides: str) -> bool:
     name = f"{kernel}-{'x'.join(str(part) for part in shape)}"
     path = _folder() / f"{name}.txt"
     try:
@@ -78,9 +84,7 @@ def _verdict(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Trial]) ->
         kept = _write_once(path, kept)
     verdict, ratio, *_ = kept.split()
     if verdict != OURS:
-        logger.info(
-            "%s %s: torch's kernel, ours took x%s its time here (%s)", kernel, shape, ratio, path
-        )
+        logger.info("%s %s: %s took x%s its time here (%s)", kernel, shape, sides, ratio, path)
     return verdict == OURS
 
 
