@@ -127,8 +127,8 @@ def _bf16_trial(models: list[nn.Module]) -> Trial:
     5, random sources, every hypothesis decoded to the same length."""
     first = models[0]
     source, target = first.encoder.dictionary, first.decoder.dictionary
-    options = dict(beam_size=5, max_len_b=BF16_TRIAL_LENGTH, min_len=BF16_TRIAL_LENGTH)
-    options.update(attention=False)
+    length = BF16_TRIAL_LENGTH
+    options = dict(beam_size=5, max_len_b=length, min_len=length, attention=False)
     half = [copy.deepcopy(m).to(torch.bfloat16) for m in models]
     in_bf16 = SequenceGenerator(half, target, **options)
     in_float32 = SequenceGenerator(models, target, **options)
