@@ -3,7 +3,7 @@
 A decoder step makes thousands of small Python objects (each finished hypothesis is five tensor
 views), so CPython's collector runs, and about once per thousand sentences it makes a full
 collection, which walks every object alive: some 300,000 once torch, fairseq and a model are
-loaded, 140 ms each on the CPU the product was measured on (docs/speed.md). Objects alive when
+loaded, 140 ms each on the CPU the product was measured on (docs/memory.md). Objects alive when
 the first engine starts (modules, the model, the task) are moved into the permanent generation,
 which collections skip, as vLLM does once its engine is up (``vllm/utils/gc_utils.py``,
 ``freeze_gc_heap``). Reference cycles made later are collected as before; only cycles among the

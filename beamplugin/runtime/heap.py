@@ -2,7 +2,7 @@
 
 A decoder step allocates tensors of nearly the sizes of the step before. glibc's malloc, whose
 thresholds follow the largest blocks freed so far, hands the top of the heap back to the kernel
-and faults it in again a step later; fixed thresholds keep that memory (figures: docs/speed.md).
+and faults it in again a step later; fixed thresholds keep that memory (figures: docs/memory.md).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def to_device(
     """``values`` (a host list or tensor) on ``device``, without waiting for the device: CUDA
     copies the few bytes of pageable memory into a staging buffer of its own before the call
     returns and queues the copy behind the kernels already launched (pinning each small list
-    first cost more host time than it saved: docs/speed.md, "On a GPU")."""
+    first cost more host time than it saved: docs/performance.md, "On a GPU")."""
     host = values if isinstance(values, Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return host.to(device)

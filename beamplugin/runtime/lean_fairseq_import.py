@@ -3,7 +3,7 @@
 fairseq imports every task and criterion it ships when it is imported. Two of them,
 ``tasks/audio_classification`` and ``criterions/sentence_prediction``, import metrics from
 scikit-learn and SciPy at module level. Those libraries then hold 77 MiB of resident memory in
-every process that imports fairseq (docs/speed.md). ``importlib.util.LazyLoader`` cannot defer
+every process that imports fairseq (docs/memory.md). ``importlib.util.LazyLoader`` cannot defer
 them: ``from sklearn.metrics import f1_score`` reads ``sklearn.__path__``, which runs
 ``sklearn/__init__``, which imports SciPy.
 
