@@ -258,7 +258,6 @@ def describe() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=["base", "big"])
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--precision", choices=list(DTYPES), default="fp16")
     parser.add_argument("--beam", type=int, default=5)
