@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
 from beamplugin.serving.documents.translation import translate_documents
+from beamplugin.serving.glossary import Term, constraints_of
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
@@ -53,7 +54,8 @@ TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 
 class TranslationService:
     """The HTTP endpoints on one Translator, behind ``guards`` (none by default); a translation
-    not answered within ``request_timeout`` seconds gets 504 and its sentences are cancelled."""
+    not answered within ``request_timeout`` seconds gets 504 and its sentences are cancelled;
+    a glossary has at most ``glossary_terms`` terms."""
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class TranslationService:
         max_request_sentences: int,
         guards: Guards | None = None,
         request_timeout: float | None = None,
+        glossary_terms: int = 32,
     ) -> None:
         self.translator = translator
         self.guards = guards or Guards()
@@ -69,7 +72,7 @@ class TranslationService:
         self.admission = Admission(
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
-        self.served = served = Served.of(translator)
+        self.served = served = Served.of(translator, glossary_terms)
         languages = served.languages
         self.spec = openapi(SpecSettings(
             languages.default, languages.sources(), sorted({t for _, t in languages.pairs}),
@@ -138,17 +141,36 @@ class TranslationService:
         self.guards.admit(request, body)
         ask = LibreRequest.parse(body, self.served)
         nbest = 1 + ask.alternatives
+        find_terms = None
+        if ask.glossary is not None:
+            try:
+                glossary = self.translator.glossary(ask.glossary)
+            except ValueError as error:
+                raise Refused(400, f"'glossary': {error}") from None
+
+            def find_terms(text: str) -> list[Term]:
+                return glossary.find(self.translator.pieces(text))
+
         if ask.split:  # documents: the characters counted as sent, markup and blanks included
             self.guards.check_characters(ask.lines)
-            texts = await translate_documents(
-                self.admission, ask.lines, ask.format, nbest, ask.pair, self.translator.fits
-            )
+            texts, applied = await translate_documents(
+                self.admission, ask.lines, ask.format, nbest, ask.pair, self.translator.fits,
+                find_terms,
+            )  # fmt: skip
         else:
-            translations = await self.admission.translate(ask.lines, nbest, ask.pair)
+            applied = [find_terms(line) if find_terms else [] for line in ask.lines]
+            constraints = None
+            if find_terms is not None:
+                constraints = [constraints_of(terms) or None for terms in applied]
+            translations = await self.admission.translate(ask.lines, nbest, ask.pair, constraints)
             texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
         if ask.alternatives:
             answer["alternatives"] = [t[1:] for t in texts]
+        if ask.glossary is not None:
+            answer["glossaryApplied"] = [
+                [{"source": t.source, "target": t.target} for t in terms] for terms in applied
+            ]
         if ask.single:
             answer = {key: value[0] for key, value in answer.items()}
         if ask.detected is not None:

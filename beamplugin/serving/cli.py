@@ -45,6 +45,8 @@ DECODING_OPTIONS = [
     (("--cpu",), None, "decode on the CPU even when CUDA is there"),
     (("--bf16",), None, "decode in bfloat16 (also --fp16, --int8)"),
     (("--print-alignment",), None, "serve alignments (/v1/translate's 'alignment')"),
+    (("--constraints",), "ordered|unordered", "apply requests' glossaries, their target terms "
+     "in the order their source terms are found (ordered) or in any order (unordered)"),
 ]
 
 
@@ -107,6 +109,10 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         "--request-timeout", type=float, metavar="SECONDS",
         help="a translation not answered by then gets 504 and its sentences are cancelled",
     )  # fmt: skip
+    server.add_argument(
+        "--glossary-max-terms", type=int, default=32, metavar="N",
+        help="terms a request's glossary may have, else 400 (glossaries need --constraints)",
+    )  # fmt: skip
     guards = parser.add_argument_group("Server guards")
     guards.add_argument(
         "--api-keys", metavar="FILE",
@@ -153,7 +159,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
         args.max_request_sentences = min(64, args.max_queued)
     if not 1 <= args.max_request_sentences <= args.max_queued:
         parser.error("--max-request-sentences must be between 1 and --max-queued")
-    for name in ("req_limit", "char_limit", "request_timeout"):
+    for name in ("req_limit", "char_limit", "request_timeout", "glossary_max_terms"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -184,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         translator.beam, " and ".join(limits), args.max_queued,
     )  # fmt: skip
     service = TranslationService(
-        translator, args.max_request_sentences, guards, args.request_timeout
-    )
+        translator, args.max_request_sentences, guards, args.request_timeout,
+        args.glossary_max_terms,
+    )  # fmt: skip
     asyncio.run(
         serve(service, args.host, args.port, args.max_body_bytes, args.shutdown_timeout)
     )
