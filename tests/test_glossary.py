@@ -11,7 +11,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 from fairseq_tools import run_tool
-from server_tools import Server, model_options, shared_toy_model, status_and_json
+from openapi_spec_validator import validate
+from server_tools import (
+    Server,
+    check_against_spec,
+    model_options,
+    shared_toy_model,
+    status_and_json,
+)
 
 from beamplugin.serving.glossary import Glossary, Term, constraints_of
 from beamplugin.serving.requests import Served, glossary_field
@@ -53,14 +60,22 @@ def interactive(toy) -> dict[str, str]:
 
 
 def translate(server: Server, bodies: list[dict]) -> list[tuple[int, dict]]:
-    async def scenario() -> list[tuple[int, dict]]:
+    """Each body's answer to /translate, every one of them as the server's /spec (valid
+    OpenAPI) declares it."""
+
+    async def scenario() -> tuple[dict, list[tuple[int, dict]]]:
         async with aiohttp.ClientSession() as session:
-            return [
+            spec = await status_and_json(session.get(server.url + "/spec"))
+            return spec[1], [
                 await status_and_json(session.post(server.url + "/translate", json=body))
                 for body in bodies
             ]
 
-    return asyncio.run(asyncio.wait_for(scenario(), 60))
+    spec, answers = asyncio.run(asyncio.wait_for(scenario(), 60))
+    validate(spec)
+    for status, answer in answers:
+        check_against_spec(spec, "post", "/translate", (status, "application/json", answer))
+    return answers
 
 
 def test_terms_found_put_their_targets_in_and_are_named(server, interactive):

@@ -79,6 +79,7 @@ class TranslationService:
             served.beam, served.nbest, max_request_sentences,
             keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
             char_limit=self.guards.char_limit, aligns=served.aligns,
+            glossary_terms=glossary_terms if served.constraints else None,
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
