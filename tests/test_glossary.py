@@ -20,7 +20,8 @@ from server_tools import (
     status_and_json,
 )
 
-from beamplugin.serving.glossary import Glossary, Term, constraints_of
+from beamplugin.serving.cli import parse_args
+from beamplugin.serving.glossary import Glossary, Term, constraints_of, read_glossary
 from beamplugin.serving.requests import Served, glossary_field
 from beamplugin.serving.responses import Refused
 
@@ -35,9 +36,11 @@ def toy(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(toy):
-    server = Server(model_options(toy) + ["--constraints", "unordered",
-                                          "--glossary-max-terms", "3"])  # fmt: skip
+def server(toy, tmp_path_factory):
+    animals = tmp_path_factory.mktemp("glossaries") / "animals.tsv"
+    animals.write_text("hund\tcat\n\nmann\twoman\n")
+    server = Server(model_options(toy) + ["--constraints", "unordered", "--glossary-max-terms",
+                                          "3", "--glossary", str(animals)])  # fmt: skip
     yield server
     assert server.stop() == 0
 
@@ -86,6 +89,8 @@ def test_terms_found_put_their_targets_in_and_are_named(server, interactive):
         # a request mixing sentences with and without terms
         {**plain, "q": [DOG_HERE, NO_TERM], "glossary": [HUND_CAT, {"source": "mann",
                                                                     "target": "woman"}]},
+        # the glossary loaded with --glossary, by name
+        {**plain, "q": [DOG_HERE, NO_TERM], "glossary": "animals"},
         # case as the glossary writes it: "Hund" is not "hund"
         {**plain, "q": DOG, "glossary": [{"source": "Hund", "target": "cat"}]},
         # a text document, cut into sentences (at line breaks): each one's terms in its
@@ -94,7 +99,7 @@ def test_terms_found_put_their_targets_in_and_are_named(server, interactive):
     ]
     answers = translate(server, bodies)
     assert [status for status, _ in answers] == [200] * len(bodies), answers
-    with_term, without, mixed, other_case, document = (answer for _, answer in answers)
+    with_term, without, mixed, named, other_case, document = (answer for _, answer in answers)
     applied = [{"source": "hund", "target": "cat"}]
     assert with_term == {"translatedText": interactive[f"{DOG}\tcat"], "glossaryApplied": applied}
     assert "cat" in with_term["translatedText"]
@@ -104,6 +109,7 @@ def test_terms_found_put_their_targets_in_and_are_named(server, interactive):
         "translatedText": [interactive[f"{DOG_HERE}\tcat"], interactive[NO_TERM]],
         "glossaryApplied": [applied, []],
     }
+    assert named == mixed
     assert other_case == {"translatedText": interactive[DOG], "glossaryApplied": []}
     assert document["glossaryApplied"] == applied
     both = [interactive[f"{DOG}\tcat"], interactive[f"{DOG_HERE}\tcat"]]
@@ -120,15 +126,17 @@ def test_bad_glossaries_get_400(server):
         {**base, "glossary": {"hund": "cat"}},
         {**base, "glossary": [HUND_CAT, HUND_CAT]},
         {**base, "glossary": [{"source": "hund", "target": "ЖЖЖ"}]},
+        {**base, "glossary": "plants"},
     ]
     answers = translate(server, bodies)
     assert [status for status, _ in answers] == [400] * len(bodies), answers
     errors = [answer["error"] for _, answer in answers]
     assert errors[0] == errors[1] == "'glossary' item 0 has an empty term"
     assert errors[2] == "'glossary' has 4 terms: at most 3 are taken"
-    assert errors[3].startswith("'glossary' must be a list of")
+    assert errors[3].startswith("'glossary' must be a glossary's name or a list of")
     assert errors[4] == "'glossary' item 1: the source term 'hund' is there twice"
     assert errors[5].startswith("'glossary': the target term 'ЖЖЖ' has pieces the model")
+    assert errors[6] == "'glossary': no glossary is named 'plants' (the server's: animals)"
 
 
 def test_glossary_needs_constraints_and_reads_forms():
@@ -140,6 +148,24 @@ def test_glossary_needs_constraints_and_reads_forms():
         ("hund", "cat")
     ]
     assert glossary_field({}, served) is None
+
+
+def test_glossary_files_are_read_strictly(toy, tmp_path, capsys):
+    path = tmp_path / "terms.tsv"
+    path.write_text("hund\tcat\n\n rote hund \tred dog\n")
+    assert read_glossary(str(path)) == [("hund", "cat"), ("rote hund", "red dog")]
+    for text, problem in [("hund cat\n", "not source<TAB>target"),
+                          ("hund\tcat\thound\n", "not source<TAB>target"),
+                          ("hund\t \n", "not source<TAB>target"),
+                          ("hund\tcat\nhund\tdog\n", "the source term 'hund' is there twice")]:
+        path.write_text(text)
+        with pytest.raises(ValueError) as error:
+            read_glossary(str(path))
+        line = text.count("\n")
+        assert str(error.value) == f"{path}:{line}: {problem}"
+    with pytest.raises(SystemExit):  # a named glossary needs the constrained search
+        parse_args(model_options(toy) + ["--glossary", str(path)])
+    assert "--glossary needs --constraints" in capsys.readouterr().err
 
 
 def test_leftmost_longest_matches_on_pieces():

@@ -36,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
 from beamplugin.serving.documents.translation import translate_documents
-from beamplugin.serving.glossary import Term, constraints_of
+from beamplugin.serving.glossary import Glossary, Term, constraints_of
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
@@ -55,7 +55,8 @@ TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 class TranslationService:
     """The HTTP endpoints on one Translator, behind ``guards`` (none by default); a translation
     not answered within ``request_timeout`` seconds gets 504 and its sentences are cancelled;
-    a glossary has at most ``glossary_terms`` terms."""
+    a request's glossary has at most ``glossary_terms`` terms, or names one of ``glossaries``
+    (those loaded at the start)."""
 
     def __init__(
         self,
@@ -64,15 +65,17 @@ class TranslationService:
         guards: Guards | None = None,
         request_timeout: float | None = None,
         glossary_terms: int = 32,
+        glossaries: dict[str, Glossary] | None = None,
     ) -> None:
         self.translator = translator
+        self.glossaries = glossaries or {}
         self.guards = guards or Guards()
         self.metrics = ServerMetrics(translator)
         translator.observe(self.metrics)
         self.admission = Admission(
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
-        self.served = served = Served.of(translator, glossary_terms)
+        self.served = served = Served.of(translator, glossary_terms, tuple(self.glossaries))
         languages = served.languages
         self.spec = openapi(SpecSettings(
             languages.default, languages.sources(), sorted({t for _, t in languages.pairs}),
@@ -80,6 +83,7 @@ class TranslationService:
             keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
             char_limit=self.guards.char_limit, aligns=served.aligns,
             glossary_terms=glossary_terms if served.constraints else None,
+            glossary_names=served.glossary_names,
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
@@ -142,16 +146,7 @@ class TranslationService:
         self.guards.admit(request, body)
         ask = LibreRequest.parse(body, self.served)
         nbest = 1 + ask.alternatives
-        find_terms = None
-        if ask.glossary is not None:
-            try:
-                glossary = self.translator.glossary(ask.glossary)
-            except ValueError as error:
-                raise Refused(400, f"'glossary': {error}") from None
-
-            def find_terms(text: str) -> list[Term]:
-                return glossary.find(self.translator.pieces(text))
-
+        find_terms = self._terms_finder(ask.glossary)
         if ask.split:  # documents: the characters counted as sent, markup and blanks included
             self.guards.check_characters(ask.lines)
             texts, applied = await translate_documents(
@@ -178,6 +173,22 @@ class TranslationService:
             answer["detectedLanguage"] = {"language": ask.detected[0],
                                           "confidence": ask.detected[1]}  # fmt: skip
         return json_answer(answer)
+
+    def _terms_finder(
+        self, glossary: list[tuple[str, str]] | str | None
+    ) -> Callable[[str], list[Term]] | None:
+        """What finds a sentence's terms of a request's ``glossary`` (its terms or the name of
+        one loaded at the start); None without one."""
+        if glossary is None:
+            return None
+        if isinstance(glossary, str):
+            terms = self.glossaries[glossary]
+        else:
+            try:
+                terms = self.translator.glossary(glossary)
+            except ValueError as error:
+                raise Refused(400, f"'glossary': {error}") from None
+        return lambda text: terms.find(self.translator.pieces(text))
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
         """``{"sentences": [...], "nbest": k, "alignment": bool}`` -> per sentence, in order,

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 import beamplugin
 from beamplugin.serving.app import TranslationService, serve
 from beamplugin.serving.decoder_process import log_to_stderr
+from beamplugin.serving.glossary import read_glossary
 from beamplugin.serving.guards import Guards, load_api_keys
 from beamplugin.serving.translator import Translator
 
@@ -113,6 +114,11 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         "--glossary-max-terms", type=int, default=32, metavar="N",
         help="terms a request's glossary may have, else 400 (glossaries need --constraints)",
     )  # fmt: skip
+    server.add_argument(
+        "--glossary", action="append", default=[], metavar="FILE.tsv",
+        help="a glossary requests may name (by the file's name without .tsv): "
+        "source<TAB>target a line; repeatable",
+    )  # fmt: skip
     guards = parser.add_argument_group("Server guards")
     guards.add_argument(
         "--api-keys", metavar="FILE",
@@ -163,6 +169,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.glossary and not args.constraints:
+        parser.error("--glossary needs --constraints (ordered or unordered)")
+    names = [Path(path).stem for path in args.glossary]
+    if len(set(names)) < len(names):
+        parser.error("two --glossary files of the same name")
     return args, convert_namespace_to_omegaconf(args)
 
 
@@ -182,7 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     if guards.keys:  # how many, never which
         logger.info("%d API keys; /metrics %s", len(guards.keys),
                     "open" if guards.metrics_open else "needs one")  # fmt: skip
+    try:  # before the models load, so that a bad file stops the start at once
+        read = {Path(path).stem: read_glossary(path) for path in args.glossary}
+    except (OSError, ValueError) as error:
+        logger.error("--glossary: %s", error)
+        return 2
     translator = Translator(cfg, args.max_queued, in_process=False)
+    glossaries = {}
+    for name, terms in read.items():
+        try:  # the terms as the model reads them: a target term it cannot write stops the start
+            glossaries[name] = translator.glossary(terms)
+        except ValueError as error:
+            translator.close()
+            logger.error("--glossary %s: %s", name, error)
+            return 2
+        logger.info("glossary %s: %d terms", name, len(terms))
     units = ("sentences", "source tokens")
     limits = [f"{n} {unit}" for n, unit in zip(translator.capacity, units, strict=True) if n]
     logger.info(
@@ -191,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     service = TranslationService(
         translator, args.max_request_sentences, guards, args.request_timeout,
-        args.glossary_max_terms,
+        args.glossary_max_terms, glossaries,
     )  # fmt: skip
     asyncio.run(
         serve(service, args.host, args.port, args.max_body_bytes, args.shutdown_timeout)

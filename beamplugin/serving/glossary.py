@@ -68,3 +68,20 @@ def constraints_of(terms: list[Term]) -> Constraints:
         if tokens not in constraints:
             constraints.append(tokens)
     return constraints
+
+
+def read_glossary(path: str) -> list[tuple[str, str]]:
+    """A glossary file's (source, target) terms: ``source<TAB>target`` a line (blank lines
+    skipped), each source once; ValueError naming the line that is not."""
+    terms: list[tuple[str, str]] = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            fields = [field.strip() for field in line.rstrip("\n").split("\t")]
+            if len(fields) != 2 or not all(fields):
+                raise ValueError(f"{path}:{number}: not source<TAB>target")
+            if any(fields[0] == known for known, _ in terms):
+                raise ValueError(f"{path}:{number}: the source term {fields[0]!r} is there twice")
+            terms.append((fields[0], fields[1]))
+    return terms

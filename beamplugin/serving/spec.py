@@ -29,6 +29,7 @@ class SpecSettings:
     char_limit: int | None
     aligns: bool
     glossary_terms: int | None  # the most terms of a glossary; None: glossaries not served
+    glossary_names: tuple[str, ...]  # the glossaries loaded at the start
 
 
 def openapi(settings: SpecSettings) -> dict[str, Any]:
@@ -205,15 +206,20 @@ def _glossary(s: SpecSettings) -> dict[str, Any]:
     if s.glossary_terms is None:
         return {"type": "array", "maxItems": 0,
                 "description": "this server runs without --constraints: a glossary gets 400"}
-    return {
+    terms = {
         "type": "array", "maxItems": s.glossary_terms,
         "items": {
             "type": "object", "required": ["source", "target"],
             "properties": {"source": term, "target": term},
         },
-        "description": "terms: a source term found in a sentence (on the model's BPE pieces, "
-                       "case as written, each source term once) puts its target term in the "
-                       "sentence's translation; the answer's glossaryApplied names those found",
+    }  # fmt: skip
+    named = {"type": "string", "enum": list(s.glossary_names)}
+    return {
+        "oneOf": [terms, named] if s.glossary_names else [terms],
+        "description": "terms, or the name of a glossary loaded with --glossary: a source term "
+                       "found in a sentence (on the model's BPE pieces, case as written) puts "
+                       "its target term in the sentence's translation; the answer's "
+                       "glossaryApplied names those found",
     }  # fmt: skip
 
 
