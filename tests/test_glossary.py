@@ -127,6 +127,9 @@ def test_bad_glossaries_get_400(server):
         {**base, "glossary": [HUND_CAT, HUND_CAT]},
         {**base, "glossary": [{"source": "hund", "target": "ЖЖЖ"}]},
         {**base, "glossary": "plants"},
+        # not UTF-8: refused as without a glossary, whether in a sentence or in a term
+        {**base, "q": "der \ud800 hund", "glossary": [HUND_CAT], "split_sentences": False},
+        {**base, "glossary": [{"source": "hund", "target": "c\ud800t"}]},
     ]
     answers = translate(server, bodies)
     assert [status for status, _ in answers] == [400] * len(bodies), answers
@@ -137,6 +140,9 @@ def test_bad_glossaries_get_400(server):
     assert errors[4] == "'glossary' item 1: the source term 'hund' is there twice"
     assert errors[5].startswith("'glossary': the target term 'ЖЖЖ' has pieces the model")
     assert errors[6] == "'glossary': no glossary is named 'plants' (the server's: animals)"
+    assert errors[7] == "sentence 0: not valid UTF-8: U+D800 at character 5"
+    assert errors[8].endswith("has a side with nothing to match or write (blank, or not valid "
+                              "UTF-8)")  # fmt: skip
 
 
 def test_glossary_needs_constraints_and_reads_forms():

@@ -117,7 +117,13 @@ class Translator:
         return self.languages.source_tokens(pair, self.encoder.encode(line)).to(self.device)
 
     def pieces(self, text: str) -> list[str]:
-        """``text`` cut as the model reads it (the tokenizer, then the BPE)."""
+        """``text`` cut as the model reads it (the tokenizer, then the BPE); none for text that
+        is not valid UTF-8 (lone surrogates, which the BPE would fail on: ``encode`` refuses
+        them, saying where)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return []
         return self.encoder.encode_fn(text.strip()).split()
 
     def glossary(self, entries: list[tuple[str, str]]) -> Glossary:
@@ -128,7 +134,10 @@ class Translator:
         for source, target in entries:
             source_pieces, target_pieces = self.pieces(source), self.pieces(target)
             if not source_pieces or not target_pieces:
-                raise ValueError(f"the term {source!r}: {target!r} has an empty side")
+                raise ValueError(
+                    f"the term {source!r}: {target!r} has a side with nothing to match or write "
+                    "(blank, or not valid UTF-8)"
+                )
             tokens = [self.tgt_dict.index(piece) for piece in target_pieces]
             if self.tgt_dict.unk() in tokens:
                 unknown = [p for p, t in zip(target_pieces, tokens, strict=True)
