@@ -6,6 +6,7 @@ glossaries get 400."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import aiohttp
@@ -130,10 +131,14 @@ def test_bad_glossaries_get_400(server):
         # not UTF-8: refused as without a glossary, whether in a sentence or in a term
         {**base, "q": "der \ud800 hund", "glossary": [HUND_CAT], "split_sentences": False},
         {**base, "glossary": [{"source": "hund", "target": "c\ud800t"}]},
+        # more target pieces than the maximum output length (--max-len-b 200)
+        {**base, "glossary": [{"source": "hund", "target": "cat " * 201}]},
     ]
-    answers = translate(server, bodies)
-    assert [status for status, _ in answers] == [400] * len(bodies), answers
-    errors = [answer["error"] for _, answer in answers]
+    answers = translate(server, [*bodies, {**base, "glossary": [HUND_CAT]}])
+    # refused alone: the server goes on translating
+    assert [status for status, _ in answers] == [400] * len(bodies) + [200], answers
+    errors = [answer["error"] for _, answer in answers[:-1]]
+    assert answers[-1][1]["glossaryApplied"] == [HUND_CAT]
     assert errors[0] == errors[1] == "'glossary' item 0 has an empty term"
     assert errors[2] == "'glossary' has 4 terms: at most 3 are taken"
     assert errors[3].startswith("'glossary' must be a glossary's name or a list of")
@@ -141,6 +146,8 @@ def test_bad_glossaries_get_400(server):
     assert errors[5].startswith("'glossary': the target term 'ЖЖЖ' has pieces the model")
     assert errors[6] == "'glossary': no glossary is named 'plants' (the server's: animals)"
     assert errors[7] == "sentence 0: not valid UTF-8: U+D800 at character 5"
+    assert re.fullmatch(r"the glossary cannot be met: constraints of \d+ tokens in all cannot "
+                        r"fit in the maximum output length of 200 tokens", errors[9])
     assert errors[8].endswith("has a side with nothing to match or write (blank, or not valid "
                               "UTF-8)")  # fmt: skip
 

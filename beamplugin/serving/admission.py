@@ -81,6 +81,12 @@ class Admission:
                 f"not translated within the request timeout of {self.request_timeout:g} s",
                 reason="timeout",
             ) from None
+        except ValueError as error:
+            if constraints is None:
+                raise
+            # the engine refuses a sentence whose constraints cannot fit in, or were not met
+            # within, its maximum output length (that sentence alone)
+            raise Refused(400, f"the glossary cannot be met: {error}") from None
         finally:  # whatever ended the wait early (timeout, client gone, a failed sentence)
             for future in futures:
                 future.cancel()  # a sentence already answered stays answered
