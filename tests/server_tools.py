@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jsonschema
 from fairseq_tools import BIN, REPO, sentencepiece_toy_model, toy_sentence_pairs
 
 LINES = [de for de, _ in toy_sentence_pairs(24, seed=7)]
@@ -145,3 +146,16 @@ def chromium(tmp_path: Path) -> Any:
     browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     browser.set_page_load_timeout(60)
     return browser
+
+
+def check_against_spec(spec: dict, method: str, path: str, answer: tuple) -> None:
+    """``answer`` (status, content type, body: parsed JSON or text) is one the spec declares
+    for ``method`` ``path``, with a body of its schema."""
+    status, content_type, body = answer
+    declared = spec["paths"][path][method]["responses"]
+    assert str(status) in declared, (method, path, status, body)
+    content = declared[str(status)]["content"]
+    assert content_type in content, (method, path, status, content_type)
+    # the schema with the spec's components beside it, so that its references resolve
+    schema = {"allOf": [content[content_type]["schema"]], "components": spec["components"]}
+    jsonschema.Draft202012Validator(schema).validate(body)

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import aiohttp
-import jsonschema
 import pytest
 from fairseq_tools import BIN, REPO
 from openapi_spec_validator import validate
 from server_tools import (
     LINES,
     Server,
+    check_against_spec,
     metric,
     model_options,
     shared_toy_model,
@@ -287,19 +287,6 @@ def test_a_request_not_answered_in_time_gets_504_and_is_cancelled(toy):
     assert steps <= 4, steps  # the other four sentences never went in
     assert metric(metrics, "beamplugin_sentences_cancelled_total") == 6
     assert metric(metrics, 'beamplugin_requests_rejected_total{reason="timeout"}') == 1
-
-
-def check_against_spec(spec: dict, method: str, path: str, answer: tuple) -> None:
-    """``answer`` (status, content type, body: parsed JSON or text) is one the spec declares
-    for ``method`` ``path``, with a body of its schema."""
-    status, content_type, body = answer
-    declared = spec["paths"][path][method]["responses"]
-    assert str(status) in declared, (method, path, status, body)
-    content = declared[str(status)]["content"]
-    assert content_type in content, (method, path, status, content_type)
-    # the schema with the spec's components beside it, so that its references resolve
-    schema = {"allOf": [content[content_type]["schema"]], "components": spec["components"]}
-    jsonschema.Draft202012Validator(schema).validate(body)
 
 
 async def _answer(request) -> tuple[int, str, object]:

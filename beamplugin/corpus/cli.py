@@ -81,7 +81,8 @@ def brief_help() -> str:
         epilog="Every option of fairseq-interactive applies: --help-all lists them.",
         add_help=False,
     )
-    add_decoding_options(parser, leave_out=("--nbest", "--print-alignment"))  # a line each
+    # a line each, and no glossaries
+    add_decoding_options(parser, leave_out=("--nbest", "--print-alignment", "--constraints"))
     add_corpus_options(parser)
     return parser.format_help()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from beamplugin.fairseq_plugin.language_pairs import Pair
+from beamplugin.search.constraints import Constraints
 from beamplugin.serving.decoder_process import DecoderRestarting
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.metrics import ServerMetrics
@@ -35,11 +36,16 @@ class Admission:
         self.stopping = False
 
     async def translate(
-        self, lines: list[str], nbest: int, pair: Pair
+        self,
+        lines: list[str],
+        nbest: int,
+        pair: Pair,
+        constraints: list[Constraints | None] | None = None,
     ) -> list[list[Translation]]:
-        """The ``nbest`` best translations of each line in ``pair``, in order; Refused if the
-        request cannot be taken (nothing of it is then queued) or is not answered in time (its
-        sentences are then cancelled, as they are when the client goes away)."""
+        """The ``nbest`` best translations of each line in ``pair``, each holding its line's
+        ``constraints`` (if any), in order; Refused if the request cannot be taken (nothing of
+        it is then queued) or is not answered in time (its sentences are then cancelled, as
+        they are when the client goes away)."""
         retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         stopping = Refused(503, "the server is stopping", retry, reason="stopping")
         if self.stopping:
@@ -52,7 +58,7 @@ class Admission:
         except RefusedSentence as refusal:
             raise Refused(400, str(refusal)) from None
         try:
-            futures = self.translator.submit(sources, pair)
+            futures = self.translator.submit(sources, pair, constraints)
         except QueueFull:
             raise Refused(
                 503,
@@ -75,6 +81,12 @@ class Admission:
                 f"not translated within the request timeout of {self.request_timeout:g} s",
                 reason="timeout",
             ) from None
+        except ValueError as error:
+            if constraints is None:
+                raise
+            # the engine refuses a sentence whose constraints cannot fit in, or were not met
+            # within, its maximum output length (that sentence alone)
+            raise Refused(400, f"the glossary cannot be met: {error}") from None
         finally:  # whatever ended the wait early (timeout, client gone, a failed sentence)
             for future in futures:
                 future.cancel()  # a sentence already answered stays answered

@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
 from beamplugin.serving.documents.translation import translate_documents
+from beamplugin.serving.glossary import Glossary, Term, constraints_of
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
@@ -53,7 +54,9 @@ TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
 
 class TranslationService:
     """The HTTP endpoints on one Translator, behind ``guards`` (none by default); a translation
-    not answered within ``request_timeout`` seconds gets 504 and its sentences are cancelled."""
+    not answered within ``request_timeout`` seconds gets 504 and its sentences are cancelled;
+    a request's glossary has at most ``glossary_terms`` terms, or names one of ``glossaries``
+    (those loaded at the start)."""
 
     def __init__(
         self,
@@ -61,21 +64,26 @@ class TranslationService:
         max_request_sentences: int,
         guards: Guards | None = None,
         request_timeout: float | None = None,
+        glossary_terms: int = 32,
+        glossaries: dict[str, Glossary] | None = None,
     ) -> None:
         self.translator = translator
+        self.glossaries = glossaries or {}
         self.guards = guards or Guards()
         self.metrics = ServerMetrics(translator)
         translator.observe(self.metrics)
         self.admission = Admission(
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
-        self.served = served = Served.of(translator)
+        self.served = served = Served.of(translator, glossary_terms, tuple(self.glossaries))
         languages = served.languages
         self.spec = openapi(SpecSettings(
             languages.default, languages.sources(), sorted({t for _, t in languages.pairs}),
             served.beam, served.nbest, max_request_sentences,
             keys=self.guards.keys is not None, metrics_open=self.guards.metrics_open,
             char_limit=self.guards.char_limit, aligns=served.aligns,
+            glossary_terms=glossary_terms if served.constraints else None,
+            glossary_names=served.glossary_names,
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
@@ -138,23 +146,49 @@ class TranslationService:
         self.guards.admit(request, body)
         ask = LibreRequest.parse(body, self.served)
         nbest = 1 + ask.alternatives
+        find_terms = self._terms_finder(ask.glossary)
         if ask.split:  # documents: the characters counted as sent, markup and blanks included
             self.guards.check_characters(ask.lines)
-            texts = await translate_documents(
-                self.admission, ask.lines, ask.format, nbest, ask.pair, self.translator.fits
-            )
+            texts, applied = await translate_documents(
+                self.admission, ask.lines, ask.format, nbest, ask.pair, self.translator.fits,
+                find_terms,
+            )  # fmt: skip
         else:
-            translations = await self.admission.translate(ask.lines, nbest, ask.pair)
+            applied = [find_terms(line) if find_terms else [] for line in ask.lines]
+            constraints = None
+            if find_terms is not None:
+                constraints = [constraints_of(terms) or None for terms in applied]
+            translations = await self.admission.translate(ask.lines, nbest, ask.pair, constraints)
             texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
         if ask.alternatives:
             answer["alternatives"] = [t[1:] for t in texts]
+        if ask.glossary is not None:
+            answer["glossaryApplied"] = [
+                [{"source": t.source, "target": t.target} for t in terms] for terms in applied
+            ]
         if ask.single:
             answer = {key: value[0] for key, value in answer.items()}
         if ask.detected is not None:
             answer["detectedLanguage"] = {"language": ask.detected[0],
                                           "confidence": ask.detected[1]}  # fmt: skip
         return json_answer(answer)
+
+    def _terms_finder(
+        self, glossary: list[tuple[str, str]] | str | None
+    ) -> Callable[[str], list[Term]] | None:
+        """What finds a sentence's terms of a request's ``glossary`` (its terms or the name of
+        one loaded at the start); None without one."""
+        if glossary is None:
+            return None
+        if isinstance(glossary, str):
+            terms = self.glossaries[glossary]
+        else:
+            try:
+                terms = self.translator.glossary(glossary)
+            except ValueError as error:
+                raise Refused(400, f"'glossary': {error}") from None
+        return lambda text: terms.find(self.translator.pieces(text))
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
         """``{"sentences": [...], "nbest": k, "alignment": bool}`` -> per sentence, in order,

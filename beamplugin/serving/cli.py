@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 import beamplugin
 from beamplugin.serving.app import TranslationService, serve
 from beamplugin.serving.decoder_process import log_to_stderr
+from beamplugin.serving.glossary import read_glossary
 from beamplugin.serving.guards import Guards, load_api_keys
 from beamplugin.serving.translator import Translator
 
@@ -45,6 +46,8 @@ DECODING_OPTIONS = [
     (("--cpu",), None, "decode on the CPU even when CUDA is there"),
     (("--bf16",), None, "decode in bfloat16 (also --fp16, --int8)"),
     (("--print-alignment",), None, "serve alignments (/v1/translate's 'alignment')"),
+    (("--constraints",), "ordered|unordered", "apply requests' glossaries, their target terms "
+     "in the order their source terms are found (ordered) or in any order (unordered)"),
 ]
 
 
@@ -107,6 +110,15 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         "--request-timeout", type=float, metavar="SECONDS",
         help="a translation not answered by then gets 504 and its sentences are cancelled",
     )  # fmt: skip
+    server.add_argument(
+        "--glossary-max-terms", type=int, default=32, metavar="N",
+        help="terms a request's glossary may have, else 400 (glossaries need --constraints)",
+    )  # fmt: skip
+    server.add_argument(
+        "--glossary", action="append", default=[], metavar="FILE.tsv",
+        help="a glossary requests may name (by the file's name without .tsv): "
+        "source<TAB>target a line; repeatable",
+    )  # fmt: skip
     guards = parser.add_argument_group("Server guards")
     guards.add_argument(
         "--api-keys", metavar="FILE",
@@ -153,10 +165,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
         args.max_request_sentences = min(64, args.max_queued)
     if not 1 <= args.max_request_sentences <= args.max_queued:
         parser.error("--max-request-sentences must be between 1 and --max-queued")
-    for name in ("req_limit", "char_limit", "request_timeout"):
+    for name in ("req_limit", "char_limit", "request_timeout", "glossary_max_terms"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.glossary and not args.constraints:
+        parser.error("--glossary needs --constraints (ordered or unordered)")
+    names = [Path(path).stem for path in args.glossary]
+    if len(set(names)) < len(names):
+        parser.error("two --glossary files of the same name")
     return args, convert_namespace_to_omegaconf(args)
 
 
@@ -176,7 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     if guards.keys:  # how many, never which
         logger.info("%d API keys; /metrics %s", len(guards.keys),
                     "open" if guards.metrics_open else "needs one")  # fmt: skip
+    try:  # before the models load, so that a bad file stops the start at once
+        read = {Path(path).stem: read_glossary(path) for path in args.glossary}
+    except (OSError, ValueError) as error:
+        logger.error("--glossary: %s", error)
+        return 2
     translator = Translator(cfg, args.max_queued, in_process=False)
+    glossaries = {}
+    for name, terms in read.items():
+        try:  # the terms as the model reads them: a target term it cannot write stops the start
+            glossaries[name] = translator.glossary(terms)
+        except ValueError as error:
+            translator.close()
+            logger.error("--glossary %s: %s", name, error)
+            return 2
+        logger.info("glossary %s: %d terms", name, len(terms))
     units = ("sentences", "source tokens")
     limits = [f"{n} {unit}" for n, unit in zip(translator.capacity, units, strict=True) if n]
     logger.info(
@@ -184,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         translator.beam, " and ".join(limits), args.max_queued,
     )  # fmt: skip
     service = TranslationService(
-        translator, args.max_request_sentences, guards, args.request_timeout
-    )
+        translator, args.max_request_sentences, guards, args.request_timeout,
+        args.glossary_max_terms, glossaries,
+    )  # fmt: skip
     asyncio.run(
         serve(service, args.host, args.port, args.max_body_bytes, args.shutdown_timeout)
     )

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from beamplugin.search.constraints import Constraints
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
 from beamplugin.streams import (
@@ -142,10 +143,15 @@ class DecoderProcess:
         """Sentences accepted and not in flight yet."""
         return max(0, len(self._futures) - self.in_flight)
 
-    def submit_together(self, sentences: list[Tensor], prompt: Prompt | None = None
-                        ) -> list[Future]:  # fmt: skip
-        """Futures of the sentences' hypotheses (best first, starting with ``prompt``), all
-        queued or, with too few places free, none (QueueFull)."""
+    def submit_together(
+        self,
+        sentences: list[Tensor],
+        prompt: Prompt | None = None,
+        constraints: list[Constraints | None] | None = None,
+    ) -> list[Future]:
+        """Futures of the sentences' hypotheses (best first, starting with ``prompt``, each
+        containing its ``constraints``), all queued or, with too few places free, none
+        (QueueFull)."""
         with self._lock:
             self._check_open()
             if len(sentences) > self.max_queued:
@@ -161,8 +167,10 @@ class DecoderProcess:
             keys = range(self._next_key, self._next_key + len(sentences))
             self._next_key += len(sentences)
             try:
+                own = constraints or [None] * len(sentences)
                 self._child.conn.send(("submit", [
-                    (key, tokens.cpu().numpy()) for key, tokens in zip(keys, sentences, strict=True)
+                    (key, tokens.cpu().numpy(), sentence_constraints)
+                    for key, tokens, sentence_constraints in zip(keys, sentences, own, strict=True)
                 ], _prompt_arrays(prompt)))  # fmt: skip
             except OSError:  # the child is gone; the reader fails the rest and restarts it
                 raise DecoderRestarting("the decoder process is gone; restarting") from None
@@ -364,9 +372,11 @@ def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> 
                     future.cancel()  # answer() tells the parent
             continue
         prefix, bos = _prompt_on(device, *message[2])
-        for key, tokens in message[1]:
+        for key, tokens, constraints in message[1]:
             try:
-                future = stream.submit(torch.from_numpy(tokens).to(device), prefix, bos=bos)
+                future = stream.submit(
+                    torch.from_numpy(tokens).to(device), prefix, bos=bos, constraints=constraints
+                )
             except StreamClosed as refused:  # the decoder failed earlier
                 send(("error", key, _picklable(refused), stream.in_flight, True))
                 continue

@@ -68,7 +68,7 @@ def load_decoder(cfg: DictConfig, task: Any = None) -> tuple[SequenceGenerator, 
         raise ValueError(
             "the server decodes with beamplugin's beam search (task beam_translation, or "
             "beam_translation_multi); "
-            "--sampling, diverse beam search and --constraints are not served"
+            "--sampling and diverse beam search are not served"
         )
     max_tokens = cfg.dataset.max_tokens
     settings = DecoderSettings(

@@ -25,20 +25,28 @@ MARKUP = re.compile(r"<[^>]*>")
 @dataclass(frozen=True)
 class Served:
     """What the server translates: the language pairs of its models, the beam (the most
-    hypotheses a request may ask for), the default n-best, whether it prints alignments, and
-    the detector of its source languages."""
+    hypotheses a request may ask for), the default n-best, whether it prints alignments, the
+    detector of its source languages, how it meets glossaries (``constraints``: fairseq's
+    --constraints, None: it does not), the most terms a request's glossary may have and the
+    names of the glossaries it loaded."""
 
     languages: LanguagePairs
     beam: int
     nbest: int
     aligns: bool
     detector: LanguageDetector = field(compare=False)
+    constraints: str | None = None
+    glossary_terms: int = 0
+    glossary_names: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, translator: Translator) -> Served:
+    def of(
+        cls, translator: Translator, glossary_terms: int = 0, glossary_names: tuple[str, ...] = ()
+    ) -> Served:
         languages = translator.languages
         return cls(languages, translator.beam, translator.nbest, translator.aligns,
-                   LanguageDetector(languages.sources()))  # fmt: skip
+                   LanguageDetector(languages.sources()), translator.constraints,
+                   glossary_terms, glossary_names)  # fmt: skip
 
     def pair(
         self, body: dict[str, Any], required: bool, texts: list[str]
@@ -85,7 +93,8 @@ class LibreRequest:
     ``alternatives`` more hypotheses per line, in ``pair`` (``source`` and ``target``; with
     ``source: "auto"``, ``detected``). ``format`` "text" or "html"; ``split``: each string is
     a document cut into sentences (always for HTML; for text unless ``split_sentences`` is
-    false, when each string is one sentence)."""
+    false, when each string is one sentence). ``glossary``: (source, target) terms, the name
+    of one the server loaded, or None."""
 
     lines: list[str]
     single: bool
@@ -94,6 +103,7 @@ class LibreRequest:
     pair: Pair
     format: str
     split: bool
+    glossary: list[tuple[str, str]] | str | None
 
     @classmethod
     def parse(cls, body: dict[str, Any], served: Served) -> LibreRequest:
@@ -116,7 +126,51 @@ class LibreRequest:
                 if not line.strip():
                     raise Refused(400, f"'q' {'' if single else f'item {index} '}is empty: "
                                        "there is nothing to translate")  # fmt: skip
-        return cls(lines, single, alternatives, detected, pair, text_format, split)
+        glossary = glossary_field(body, served)
+        return cls(lines, single, alternatives, detected, pair, text_format, split, glossary)
+
+
+def glossary_field(body: dict[str, Any], served: Served) -> list[tuple[str, str]] | str | None:
+    """``body["glossary"]``: the name of a glossary the server loaded, or a list of
+    ``{"source": ..., "target": ...}`` (in a form, as JSON text), each side a non-blank
+    string, each source once, at most ``served.glossary_terms``; None if absent."""
+    value = body.get("glossary")
+    if value is None:
+        return None
+    if served.constraints is None:
+        raise Refused(400, "this server does not apply glossaries (it runs without --constraints)")
+    if isinstance(value, str) and value.lstrip().startswith("["):  # a form's JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if isinstance(value, str):
+        if value not in served.glossary_names:
+            names = ", ".join(served.glossary_names) or "none"
+            raise Refused(400, f"'glossary': no glossary is named {value!r} (the server's: "
+                               f"{names})")  # fmt: skip
+        return value
+    shape = (
+        "'glossary' must be a glossary's name or a list of "
+        "{\"source\": \"...\", \"target\": \"...\"}"
+    )
+    if not isinstance(value, list):
+        raise Refused(400, shape)
+    if len(value) > served.glossary_terms:
+        raise Refused(400, f"'glossary' has {len(value)} terms: at most "
+                           f"{served.glossary_terms} are taken")  # fmt: skip
+    terms: list[tuple[str, str]] = []
+    for index, entry in enumerate(value):
+        if not (isinstance(entry, dict) and _strings([entry.get("source"), entry.get("target")])):
+            raise Refused(400, shape)
+        source, target = entry["source"].strip(), entry["target"].strip()
+        if not source or not target:
+            raise Refused(400, f"'glossary' item {index} has an empty term")
+        if any(source == known for known, _ in terms):
+            raise Refused(400, f"'glossary' item {index}: the source term {source!r} is there "
+                               "twice")  # fmt: skip
+        terms.append((source, target))
+    return terms
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ class SpecSettings:
     metrics_open: bool
     char_limit: int | None
     aligns: bool
+    glossary_terms: int | None  # the most terms of a glossary; None: glossaries not served
+    glossary_names: tuple[str, ...]  # the glossaries loaded at the start
 
 
 def openapi(settings: SpecSettings) -> dict[str, Any]:
@@ -192,9 +194,33 @@ def _libre_request(s: SpecSettings) -> dict[str, Any]:
                 "type": "integer", "minimum": 0, "maximum": s.beam - 1, "default": 0,
                 "description": "more translations of each line, from its n-best list",
             },  # fmt: skip
+            "glossary": _glossary(s),
             "api_key": {"type": "string"},
         },
     }
+
+
+def _glossary(s: SpecSettings) -> dict[str, Any]:
+    """A request's glossary (in a form: as JSON text)."""
+    term = {"type": "string", "minLength": 1}
+    if s.glossary_terms is None:
+        return {"type": "array", "maxItems": 0,
+                "description": "this server runs without --constraints: a glossary gets 400"}
+    terms = {
+        "type": "array", "maxItems": s.glossary_terms,
+        "items": {
+            "type": "object", "required": ["source", "target"],
+            "properties": {"source": term, "target": term},
+        },
+    }  # fmt: skip
+    named = {"type": "string", "enum": list(s.glossary_names)}
+    return {
+        "oneOf": [terms, named] if s.glossary_names else [terms],
+        "description": "terms, or the name of a glossary loaded with --glossary: a source term "
+                       "found in a sentence (on the model's BPE pieces, case as written) puts "
+                       "its target term in the sentence's translation; the answer's "
+                       "glossaryApplied names those found",
+    }  # fmt: skip
 
 
 def _v1_request(s: SpecSettings) -> dict[str, Any]:
@@ -236,6 +262,12 @@ def _pair(s: SpecSettings, optional: bool) -> dict[str, Any]:
 
 def _schemas(s: SpecSettings) -> dict[str, Any]:
     strings = {"type": "array", "items": {"type": "string"}}
+    applied = {
+        "type": "object",
+        "required": ["source", "target"],
+        "properties": {"source": {"type": "string"}, "target": {"type": "string"}},
+        "additionalProperties": False,
+    }
     hypothesis = {
         "type": "object",
         "required": ["text", "pieces", "score", "positional_scores"],
@@ -262,6 +294,12 @@ def _schemas(s: SpecSettings) -> dict[str, Any]:
                 "translatedText": {"oneOf": [{"type": "string"}, strings]},
                 "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
                 "detectedLanguage": {"$ref": "#/components/schemas/Detected"},
+                "glossaryApplied": {
+                    "anyOf": [{"type": "array", "items": applied},
+                              {"type": "array", "items": {"type": "array", "items": applied}}],
+                    "description": "with a glossary: the terms found in each text (per text "
+                                   "when 'q' is a list)",
+                },  # fmt: skip
             },
             "additionalProperties": False,
         },

@@ -24,8 +24,10 @@ from omegaconf import DictConfig
 
 from beamplugin.fairseq_plugin.language_pairs import LanguagePairs, Pair
 from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
+from beamplugin.search.constraints import Constraints
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.decoder_process import DecoderProcess
+from beamplugin.serving.glossary import Glossary, Term
 from beamplugin.serving.loading import decoding_device, load_decoder
 from beamplugin.streams import Prompt, StreamObserver, TranslationStream
 
@@ -88,6 +90,9 @@ class Translator:
         if limit is not None:  # room for a language token
             limit -= self.languages.added_source_tokens
         self.encoder = LineEncoder(self.src_dict, limit, _chain([tokenizer, bpe], "encode"))
+        # how a glossary's target terms are met (fairseq's --constraints); None: not served,
+        # which keeps the device engine, which has no constrained step
+        self.constraints: str | None = cfg.generation.constraints
         self.align_dict = utils.load_align_dict(cfg.generation.replace_unk)
         # the generator strips the default pair's target-language token; a request its own
         self._strip = settings.symbols_to_strip - self.languages.output_tokens(
@@ -111,6 +116,39 @@ class Translator:
         where the model has one), on the decoder's device; RefusedLine if it cannot be."""
         return self.languages.source_tokens(pair, self.encoder.encode(line)).to(self.device)
 
+    def pieces(self, text: str) -> list[str]:
+        """``text`` cut as the model reads it (the tokenizer, then the BPE); none for text that
+        is not valid UTF-8 (lone surrogates, which the BPE would fail on: ``encode`` refuses
+        them, saying where)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return []
+        return self.encoder.encode_fn(text.strip()).split()
+
+    def glossary(self, entries: list[tuple[str, str]]) -> Glossary:
+        """The (source, target) ``entries`` as the model reads and writes them; ValueError for
+        a term with nothing to match or write, or a target term with pieces the model's
+        vocabulary lacks (fairseq would constrain the translation to ``<unk>``)."""
+        terms = []
+        for source, target in entries:
+            source_pieces, target_pieces = self.pieces(source), self.pieces(target)
+            if not source_pieces or not target_pieces:
+                raise ValueError(
+                    f"the term {source!r}: {target!r} has a side with nothing to match or write "
+                    "(blank, or not valid UTF-8)"
+                )
+            tokens = [self.tgt_dict.index(piece) for piece in target_pieces]
+            if self.tgt_dict.unk() in tokens:
+                unknown = [p for p, t in zip(target_pieces, tokens, strict=True)
+                           if t == self.tgt_dict.unk()]  # fmt: skip
+                raise ValueError(
+                    f"the target term {target!r} has pieces the model cannot write: "
+                    f"{' '.join(unknown)}"
+                )
+            terms.append(Term(source, target, tuple(source_pieces), tuple(tokens)))
+        return Glossary(terms)
+
     def fits(self, text: str) -> bool:
         """Whether ``text`` has no more source tokens than the model accepts (what a document's
         sentences are cut to)."""
@@ -125,10 +163,16 @@ class Translator:
         prefix, bos = self.languages.prompt(pair)
         return Prompt(None if prefix is None else prefix.to(self.device), bos)
 
-    def submit(self, sources: list[torch.Tensor], pair: Pair) -> list[Future]:
-        """A future of each sentence's hypotheses in ``pair`` (best first), queued all together
-        or, with too few places free, none (``QueueFull``)."""
-        return self.stream.submit_together(sources, self.prompt(pair))
+    def submit(
+        self,
+        sources: list[torch.Tensor],
+        pair: Pair,
+        constraints: list[Constraints | None] | None = None,
+    ) -> list[Future]:
+        """A future of each sentence's hypotheses in ``pair`` (best first, each holding its
+        ``constraints``), queued all together or, with too few places free, none
+        (``QueueFull``)."""
+        return self.stream.submit_together(sources, self.prompt(pair), constraints)
 
     def observe(self, observer: StreamObserver) -> None:
         """Report the decoder's steps and queue waits to ``observer`` from now on."""

@@ -17,6 +17,7 @@ from torch import Tensor
 from beamplugin.engine.choice import engine_for
 from beamplugin.engine.engine import Decoder
 from beamplugin.engine.requests import Request
+from beamplugin.search.constraints import Constraints
 from beamplugin.streams.run import Prompt, run, sentence_request
 
 
@@ -94,11 +95,13 @@ class TranslationStream:
         block: bool = True,
         timeout: float | None = None,
         bos: int | None = None,
+        constraints: Constraints | None = None,
     ) -> Future:
         """A future of the hypotheses of ``src_tokens`` (1-D), forced to start with
-        ``prefix_tokens`` after ``bos`` (see :func:`~beamplugin.streams.run.sentence_request`)."""
+        ``prefix_tokens`` after ``bos`` and to contain ``constraints`` (see
+        :func:`~beamplugin.streams.run.sentence_request`)."""
         future = self._future()
-        request = sentence_request(future, src_tokens, prefix_tokens, bos)
+        request = sentence_request(future, src_tokens, prefix_tokens, bos, constraints)
         with self._lock:
             self._check_open()
             try:
@@ -109,11 +112,15 @@ class TranslationStream:
         return future
 
     def submit_together(
-        self, sentences: list[Tensor], prompt: Prompt | None = None
+        self,
+        sentences: list[Tensor],
+        prompt: Prompt | None = None,
+        constraints: list[Constraints | None] | None = None,
     ) -> list[Future]:
         """Futures of several sentences (each decoded as on its own, its hypotheses starting with
-        ``prompt``, if any), queued all at once or, when fewer places are free in the queue, none
-        (:class:`QueueFull`): a caller that is refused has nothing half-accepted."""
+        ``prompt``, if any, and containing its ``constraints``, if any), queued all at once or,
+        when fewer places are free in the queue, none (:class:`QueueFull`): a caller that is
+        refused has nothing half-accepted."""
         with self._lock:  # no other submit can take the places counted free here
             self._check_open()
             if len(sentences) > self._queue.maxsize:
@@ -124,9 +131,10 @@ class TranslationStream:
             if self._queue.maxsize - self._queue.qsize() < len(sentences):  # only grows meanwhile
                 raise QueueFull(f"no room for {len(sentences)} more sentences in the queue")
             prefix, bos = prompt or Prompt()
+            own = constraints or [None] * len(sentences)
             requests = [
-                sentence_request(self._future(), tokens, prefix, bos)
-                for tokens in sentences
+                sentence_request(self._future(), tokens, prefix, bos, sentence_constraints)
+                for tokens, sentence_constraints in zip(sentences, own, strict=True)
             ]
             for request in requests:
                 self._queue.put_nowait(request)
