@@ -134,6 +134,7 @@ def test_bad_input_gets_a_clear_400_or_loses_nothing(server, toy):
         {"q": long, **pair}, {"q": broken, "format": "html", **pair},
         {"q": "", **pair}, {"q": [S[0], " \n "], **pair}, {"q": "", "format": "html", **pair},
         {"q": S[0], "format": "pdf", **pair}, {"q": S[0], "split_sentences": "maybe", **pair},
+        {"q": [S[0], "Ein \ud800 Satz."], **pair},
     ])  # fmt: skip
     cut = [long[s.core_start : s.core_end] for s in segments(long, "de", fits, True)]
     assert len(cut) > 1 and all(fits(piece) for piece in cut) and " ".join(cut) == long
@@ -145,6 +146,8 @@ def test_bad_input_gets_a_clear_400_or_loses_nothing(server, toy):
     assert answers[4][0] == 400
     assert answers[5] == (400, {"error": "'format' must be 'text' or 'html'"})
     assert answers[6] == (400, {"error": "'split_sentences' must be true or false"})
+    assert answers[7] == (400, {"error": "'q' item 1 is not valid UTF-8: the lone surrogate "
+                                         "U+D800 at character 4"})  # fmt: skip
     # and the decoder goes on
     assert alone(server.url, [S[0]])["translatedText"][0]
 

@@ -121,11 +121,11 @@ class LibreRequest:
         pair, detected = served.pair(body, required=True, texts=texts)
         split = text_format == "html" or boolean_field(body, "split_sentences", True)
         alternatives = integer_field(body, "alternatives", 0, 0, served.beam - 1)
-        if split:  # a document of nothing but blanks has no sentence to stand for it
-            for index, line in enumerate(lines):
-                if not line.strip():
-                    raise Refused(400, f"'q' {'' if single else f'item {index} '}is empty: "
-                                       "there is nothing to translate")  # fmt: skip
+        for index, line in enumerate(lines if split else []):  # sentences: the encoder says it
+            where = "'q'" if single else f"'q' item {index}"
+            if not line.strip():  # a document of nothing but blanks has no sentence
+                raise Refused(400, f"{where} is empty: there is nothing to translate")
+            _check_encodable(line, where)
         glossary = glossary_field(body, served)
         return cls(lines, single, alternatives, detected, pair, text_format, split, glossary)
 
@@ -196,6 +196,17 @@ class NbestRequest:
         if alignment and not served.aligns:
             raise Refused(400, "alignments are served when the server runs with --print-alignment")
         return cls(sentences, nbest, alignment, pair)
+
+
+def _check_encodable(text: str, where: str) -> None:
+    """Refuse a document that is not valid UTF-8 (a JSON ``\\ud800`` escape is a lone
+    surrogate, which the segmenter fails on)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        raise Refused(400, f"{where} is not valid UTF-8: the lone surrogate U+{code:04X} at "
+                           f"character {error.start}") from None  # fmt: skip
 
 
 def _strings(value: Any) -> bool:
