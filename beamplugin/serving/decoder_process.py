@@ -8,10 +8,11 @@ stream's interface as the server uses it (``submit_together`` returning futures,
 ``in_flight``, ``completed``, ``failure``, ``close``) and counts what it has sent, so a full
 queue is refused in the parent without a round trip.
 
-Cancelling a future in the parent sends "cancel" down the pipe; the child cancels its own future
-of the sentence, which drops it from its stream (see TranslationStream), and answers
-"cancelled". The child also reports its steps (sentences, seconds) and queue waits to the
-parent's ``observer``.
+Cancelling a future in the parent sends :class:`~beamplugin.serving.messages.Cancel` down the
+pipe; the child cancels its own future of the sentence, which drops it from its stream (see
+TranslationStream), and answers :class:`~beamplugin.serving.messages.Cancelled`. The child also
+reports its steps (sentences, seconds) and queue waits to the parent's ``observer``. Every
+message is a named type of beamplugin.serving.messages.
 
 The child ignores SIGTERM and SIGINT (process managers signal the whole group): the parent
 decides when to stop, with ``close``, and the child then finishes every accepted sentence. A
@@ -41,6 +42,22 @@ from torch import Tensor
 from beamplugin.search.constraints import Constraints
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.loading import DecoderSettings, decoding_device, load_decoder
+from beamplugin.serving.messages import (
+    Answer,
+    Cancel,
+    Cancelled,
+    Close,
+    Closed,
+    Done,
+    Error,
+    FromChild,
+    Ready,
+    Sentence,
+    StartFailed,
+    Stats,
+    Submit,
+    ToChild,
+)
 from beamplugin.streams import (
     Prompt,
     QueueFull,
@@ -92,16 +109,16 @@ class _Child:
         self.process.start()
         child_end.close()  # so that the child's end closes when the child exits
         try:
-            kind, payload = self.conn.recv()
+            started: Ready | StartFailed = self.conn.recv()
         except EOFError:
             self.process.join()
             raise RuntimeError(
                 f"the decoder process exited while starting (exit code {self.process.exitcode})"
             ) from None
-        if kind == "failed":
+        if isinstance(started, StartFailed):
             self.process.join()
-            raise payload
-        self.settings: DecoderSettings = payload
+            raise started.error
+        self.settings: DecoderSettings = started.settings
         self.started = time.monotonic()
 
 
@@ -168,10 +185,10 @@ class DecoderProcess:
             self._next_key += len(sentences)
             try:
                 own = constraints or [None] * len(sentences)
-                self._child.conn.send(("submit", [
-                    (key, tokens.cpu().numpy(), sentence_constraints)
+                self._child.conn.send(Submit([
+                    Sentence(key, tokens.cpu().numpy(), sentence_constraints)
                     for key, tokens, sentence_constraints in zip(keys, sentences, own, strict=True)
-                ], _prompt_arrays(prompt)))  # fmt: skip
+                ], *_prompt_arrays(prompt)))  # fmt: skip
             except OSError:  # the child is gone; the reader fails the rest and restarts it
                 raise DecoderRestarting("the decoder process is gone; restarting") from None
             futures = [Future() for _ in sentences]
@@ -190,13 +207,13 @@ class DecoderProcess:
 
     def _resolved(self, key: int, future: Future) -> None:
         """In whichever thread resolves or cancels ``future``: a cancellation goes to the
-        child, which answers "cancelled" (or the result, if it was quicker)."""
+        child, which answers Cancelled (or the result, if it was quicker)."""
         if not future.cancelled():
             return
         with self._lock:
             self.cancelled += 1
             try:
-                self._child.conn.send(("cancel", [key]))
+                self._child.conn.send(Cancel([key]))
             except OSError:
                 pass  # the child is gone, and the sentence with it
 
@@ -231,7 +248,7 @@ class DecoderProcess:
                     self._child, self.restarting = replacement, False
                     self.restarts += 1
                     if self._closed:  # closed while it started: it ends at once
-                        replacement.conn.send(("close",))
+                        replacement.conn.send(Close())
                 logger.info("a new decoder process (pid %d) is ready", replacement.process.pid)
                 break
             else:
@@ -243,34 +260,32 @@ class DecoderProcess:
         """Resolve futures as ``child``'s answers come, until it ends."""
         while True:
             try:
-                message = child.conn.recv()
+                message: FromChild = child.conn.recv()
             except (EOFError, OSError):
                 return
-            kind = message[0]
-            if kind == "closed":
+            if isinstance(message, Closed):
                 return
-            if kind == "stats":
-                _, steps, waits, in_flight = message
-                self.in_flight = in_flight
+            if isinstance(message, Stats):
+                self.in_flight = message.in_flight
                 if self.observer is not None:
-                    for sentences, seconds in steps:
+                    for sentences, seconds in message.steps:
                         self.observer.stepped(sentences, seconds)
-                    if waits:
-                        self.observer.waited(waits)
+                    if message.waits:
+                        self.observer.waited(message.waits)
                 continue
-            _, key, payload, in_flight, failed = message
+            assert isinstance(message, Answer), message  # Ready came before the reader started
             with self._lock:
-                future = self._futures.pop(key)
-                self.in_flight = in_flight
-                if kind != "cancelled":
+                future = self._futures.pop(message.key)
+                self.in_flight = message.in_flight
+                if not isinstance(message, Cancelled):
                     self.completed += 1
-                if failed and self.failure is None:
-                    self.failure = payload
+                if isinstance(message, Error) and message.failed and self.failure is None:
+                    self.failure = message.error
             try:
-                if kind == "done":
-                    future.set_result([_tensors(h) for h in payload])
-                elif kind == "error":
-                    future.set_exception(payload)
+                if isinstance(message, Done):
+                    future.set_result([_tensors(h) for h in message.hypotheses])
+                elif isinstance(message, Error):
+                    future.set_exception(message.error)
             except InvalidStateError:  # cancelled here before the child heard of it
                 pass
 
@@ -282,7 +297,7 @@ class DecoderProcess:
                 self._closed = True
                 self._stop.set()
                 try:
-                    self._child.conn.send(("close",))
+                    self._child.conn.send(Close())
                 except OSError:
                     pass  # already gone: the reader has failed what it had
         self._reader.join(timeout)
@@ -325,21 +340,21 @@ def _child_main(cfg: DictConfig, max_queued: int, conn: Connection) -> None:
         room = 2 * max_queued + (settings.max_sentences or settings.max_tokens)
         stream = settings.stream(generator, room)
     except BaseException as error:
-        conn.send(("failed", _picklable(error)))
+        conn.send(StartFailed(_picklable(error)))
         return
-    conn.send(("ready", settings))
+    conn.send(Ready(settings))
     relay(stream, conn, decoding_device(cfg))
 
 
 def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> None:
     """Decode on ``stream`` (on ``device``) the sentences that come through ``conn``; send
-    back each result as it is ready, "cancelled" for each one cancelled, and the steps' figures
-    now and then; on ``("close",)`` (or the parent's end closing), finish what was accepted,
-    answer it, then say so."""
+    back each result as it is ready, Cancelled for each one cancelled, and the steps' figures
+    now and then; on Close (or the parent's end closing), finish what was accepted, answer it,
+    then say so (Closed)."""
     send_lock = threading.Lock()  # answers are sent from the stream's decoder thread
     pending: dict[int, Future] = {}  # by the parent's key, until answered
 
-    def send(message: tuple) -> None:
+    def send(message: FromChild) -> None:
         with send_lock:
             try:
                 conn.send(message)
@@ -350,40 +365,39 @@ def relay(stream: TranslationStream, conn: Connection, device: torch.device) -> 
         pending.pop(key, None)
         failed = stream.failure is not None
         if future.cancelled():
-            send(("cancelled", key, None, stream.in_flight, False))
+            send(Cancelled(key, stream.in_flight))
         elif future.exception() is None:
-            payload = [_arrays(h) for h in future.result()]
-            send(("done", key, payload, stream.in_flight, failed))
+            send(Done(key, [_arrays(h) for h in future.result()], stream.in_flight))
         else:
-            send(("error", key, _picklable(future.exception()), stream.in_flight, failed))
+            send(Error(key, _picklable(future.exception()), stream.in_flight, failed))
 
     stream.observer = _StatsRelay(stream, send)
     while True:
         try:
-            message = conn.recv()
+            message: ToChild = conn.recv()
         except EOFError:
             break
-        if message[0] == "close":
+        if isinstance(message, Close):
             break
-        if message[0] == "cancel":
-            for key in message[1]:
+        if isinstance(message, Cancel):
+            for key in message.keys:
                 future = pending.get(key)
                 if future is not None:
                     future.cancel()  # answer() tells the parent
             continue
-        prefix, bos = _prompt_on(device, *message[2])
-        for key, tokens, constraints in message[1]:
+        prefix, bos = _prompt_on(device, message.prefix, message.bos)
+        for key, tokens, constraints in message.sentences:
             try:
                 future = stream.submit(
                     torch.from_numpy(tokens).to(device), prefix, bos=bos, constraints=constraints
                 )
             except StreamClosed as refused:  # the decoder failed earlier
-                send(("error", key, _picklable(refused), stream.in_flight, True))
+                send(Error(key, _picklable(refused), stream.in_flight, True))
                 continue
             pending[key] = future  # before the callback, which may run at once
             future.add_done_callback(lambda f, key=key: answer(key, f))
     stream.close()
-    send(("closed",))
+    send(Closed())
 
 
 # Seconds between the child's reports of its steps (each also sent when the engine empties).
@@ -394,7 +408,7 @@ class _StatsRelay:
     """The child stream's observer: its steps and queue waits, sent to the parent in batches,
     with the sentences in flight after them."""
 
-    def __init__(self, stream: TranslationStream, send: Callable[[tuple], None]) -> None:
+    def __init__(self, stream: TranslationStream, send: Callable[[Stats], None]) -> None:
         self._stream, self._send = stream, send
         self._steps: list[tuple[int, float]] = []
         self._waits: list[float] = []
@@ -405,7 +419,7 @@ class _StatsRelay:
         now = time.monotonic()
         in_flight = self._stream.in_flight
         if now - self._sent >= STATS_INTERVAL or not in_flight:
-            self._send(("stats", self._steps, self._waits, in_flight))
+            self._send(Stats(self._steps, self._waits, in_flight))
             self._steps, self._waits, self._sent = [], [], now
 
     def waited(self, seconds: list[float]) -> None:
