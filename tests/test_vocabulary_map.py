@@ -24,7 +24,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin import vocabulary_map_cli
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import float_products, native_library
+from beamplugin.kernels import float_products, layouts
 from beamplugin.modules import linear as linear_module
 from beamplugin.modules.output_columns import OutputColumns, shortlist_columns
 from beamplugin.search.vocabulary_map import VocabularyMap
@@ -229,9 +229,9 @@ def test_the_panels_of_a_shortlists_columns_are_those_of_its_rows(dtype):
         weight = weight.mul(40).round().to(torch.int8)
     columns = torch.tensor([0, 3, 31, 32, 33, 64, 99])
     group = 4 if dtype == torch.int8 else 1
-    laid = native_library.panels(weight, group)
-    expected = native_library.panels(weight[columns], group)
-    assert torch.equal(native_library.panel_columns(laid, columns), expected)
+    laid = layouts.panels(weight, group)
+    expected = layouts.panels(weight[columns], group)
+    assert torch.equal(layouts.panel_columns(laid, columns), expected)
     if dtype == torch.float32 and float_products.available(torch.float32):
         x = torch.randn(5, 37, generator=g)
         whole = float_products.product(x, float_products.pack(weight), None)

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import native_library
+from beamplugin.kernels import layouts, native_library
 from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
 # x, its row stride, the panels, bias, residual, its row stride, y, its row stride, rows, out,
@@ -31,7 +31,7 @@ _GROUP = {torch.float32: 1, torch.bfloat16: 2}
 
 class Panels(NamedTuple):
     """A float32 or bfloat16 weight ``[out, in]`` packed for :func:`product`
-    (:func:`beamplugin.kernels.native_library.panels`)."""
+    (:func:`beamplugin.kernels.layouts.panels`)."""
 
     values: Tensor
     out_features: int
@@ -69,14 +69,14 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
 
 def pack(weight: Tensor) -> Panels:
     """``weight`` (float32 or bfloat16, ``[out, in]``) laid out in panels for :func:`product`."""
-    values = native_library.panels(weight, _GROUP[weight.dtype])
+    values = layouts.panels(weight, _GROUP[weight.dtype])
     return Panels(values, *weight.shape)
 
 
 def columns(weight: Panels, channels: Tensor) -> Panels:
     """The output ``channels`` of ``weight`` alone, packed alike (each one's products the same
     bits)."""
-    values = native_library.panel_columns(weight.values, channels)
+    values = layouts.panel_columns(weight.values, channels)
     return Panels(values, channels.numel(), weight.in_features)
 
 
@@ -99,7 +99,7 @@ def product(
         raise ValueError("only float32 products layer-norm in their call")
     out = weight.out_features
     normed = () if norm is None else (norm[0].contiguous(), norm[1].contiguous())
-    x, bias, residual = native_library.operands(x, out, bias, residual, *normed, dtype=dtype)
+    x, bias, residual = layouts.operands(x, out, bias, residual, *normed, dtype=dtype)
     rows, inner = x.shape
     if inner != weight.in_features:
         raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")

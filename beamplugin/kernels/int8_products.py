@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import native_library
+from beamplugin.kernels import layouts, native_library
 from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
 PANEL = 32  # output channels a panel holds (int8_products.c's NR)
@@ -53,7 +53,7 @@ def available() -> bool:
 
 def pack(values: Tensor) -> Int8Panels:
     """int8 ``values`` ``[out, in]`` laid out for :func:`product`."""
-    laid = native_library.panels(values, GROUP, PANEL)
+    laid = layouts.panels(values, GROUP, PANEL)
     sums = values.new_empty(values.size(0), dtype=torch.int32)
     # summed a few MB of rows at a time: torch widens what it sums to int32 first
     step = max(1, (8 << 20) // (4 * max(1, values.size(1))))
@@ -64,7 +64,7 @@ def pack(values: Tensor) -> Int8Panels:
 
 def columns(weight: Int8Panels, channels: Tensor) -> Int8Panels:
     """The output ``channels`` of ``weight`` alone, packed alike (the same values and sums)."""
-    values = native_library.panel_columns(weight.values, channels)
+    values = layouts.panel_columns(weight.values, channels)
     return Int8Panels(values, weight.sums[channels], channels.numel(), weight.in_features)
 
 
@@ -84,7 +84,7 @@ def product(
     if kernel is None:
         raise RuntimeError("native int8 products are unavailable")
     out = weight.out_features
-    x, bias, residual = native_library.operands(x, out, bias, residual, channel_scales)
+    x, bias, residual = layouts.operands(x, out, bias, residual, channel_scales)
     rows, inner = x.shape
     if inner != weight.in_features:
         raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")
