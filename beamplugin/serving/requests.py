@@ -130,6 +130,57 @@ class LibreRequest:
         return cls(lines, single, alternatives, detected, pair, text_format, split, glossary)
 
 
+# LibreTranslate's file formats this server translates, each read as what it holds
+FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt"}
+SAFE_NAME = re.compile(r"[^\w.-]+")
+
+
+@dataclass(frozen=True)
+class FileRequest:
+    """``POST /translate_file``: the text of the uploaded ``file`` (UTF-8) in ``format``
+    ("text", "html" or "srt", by its extension) to translate in ``pair``; ``name`` its name
+    made safe for a URL."""
+
+    name: str
+    format: str
+    text: str
+    pair: Pair
+
+    @classmethod
+    def parse(cls, fields: dict[str, Any], served: Served) -> FileRequest:
+        upload = fields.get("file")
+        if not isinstance(upload, web.FileField):
+            raise Refused(400, "'file' is required: a file sent as multipart/form-data")
+        name = SAFE_NAME.sub("_", upload.filename.replace("\\", "/").rsplit("/", 1)[-1])
+        extension = "." + name.rpartition(".")[2].lower() if "." in name else ""
+        if extension not in FILE_FORMATS:
+            raise Refused(400, f"'file': {extension or 'a name without extension'} is not "
+                               f"translated; these are: {', '.join(FILE_FORMATS)}")  # fmt: skip
+        data = upload.file.read()
+        try:
+            text = data.decode("utf-8-sig")  # a byte order mark is not text
+        except UnicodeDecodeError as error:
+            raise Refused(400, f"'file' is not valid UTF-8: byte 0x{data[error.start]:02x} at "
+                               f"{error.start}") from None  # fmt: skip
+        if not text.strip():
+            raise Refused(400, "'file' is empty: there is nothing to translate")
+        text_format = FILE_FORMATS[extension]
+        detected = html.unescape(MARKUP.sub(" ", text)) if text_format == "html" else text
+        pair, _ = served.pair(fields, required=True, texts=[detected])
+        return cls(name, text_format, text, pair)
+
+
+async def read_file_form(request: web.Request) -> dict[str, Any]:
+    """A multipart form's fields (a file as aiohttp's FileField), or 415 for another body."""
+    if request.content_type != "multipart/form-data":
+        raise Refused(415, "send the file as multipart/form-data")
+    try:
+        return dict(await request.post())
+    except web.HTTPRequestEntityTooLarge:  # aiohttp's message names no file and no option
+        raise Refused(413, f"the file is too large: a request may have at most "
+                           f"{request.client_max_size} bytes (--max-body-bytes)") from None
+
+
 def glossary_field(body: dict[str, Any], served: Served) -> list[tuple[str, str]] | str | None:
     """``body["glossary"]``: the name of a glossary the server loaded, or a list of
     ``{"source": ..., "target": ...}`` (in a form, as JSON text), each side a non-blank
