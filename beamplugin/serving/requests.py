@@ -132,7 +132,7 @@ class LibreRequest:
 
 # LibreTranslate's file formats this server translates, each read as what it holds
 FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt"}
-SAFE_NAME = re.compile(r"[^\w.-]+")
+SAFE_NAME = re.compile(r"[^\w.-]+", re.ASCII)  # a name for a URL and a header
 
 
 @dataclass(frozen=True)
