@@ -1,16 +1,19 @@
 """Files through beamplugin-serve for real (a server process on 127.0.0.1 with the tests' toy
 model): ``POST /translate_file`` answers with a URL from which a file of the same format comes,
-opened here by its own library (srt, lxml): a text file translated as ``/translate`` translates
-the text, an HTML file with the same tag tree, a subtitle file with the same cues and timings,
-each cue translated as one sentence; a file too large gets 413, one that is not a file to
-translate 400. And what is kept for download expires."""
+opened here by its own library (srt, lxml, python-docx): a text file translated as
+``/translate`` translates the text, an HTML file with the same tag tree, a subtitle file with
+the same cues and timings, each cue translated as one sentence, a Word file with the same
+paragraphs and runs; a file too large gets 413, one that is not a file to translate 400. And
+what is kept for download expires."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import io
 
 import aiohttp
+import docx
 import pytest
 import srt
 from html_tools import tag_tree
@@ -19,7 +22,7 @@ from server_tools import LINES, Server, model_options, shared_toy_model
 from beamplugin.serving.downloads import Downloads
 
 S = [line[0].upper() + line[1:] for line in LINES]  # capitals: sentences start after "."
-BODY_LIMIT = 20_000
+BODY_LIMIT = 100_000  # above an empty .docx's 36 kB
 PAIR = {"source": "de", "target": "en"}
 
 
@@ -102,24 +105,51 @@ def test_a_subtitle_file_keeps_its_cues_and_timings_and_has_each_cue_translated(
     assert [c.content for c in back] == [*alone, "♪ 42 ♪"]
 
 
+def test_a_word_file_keeps_its_runs_and_tables_and_has_each_paragraph_translated(server):
+    document = docx.Document()
+    document.add_heading(S[13], level=1)
+    paragraph = document.add_paragraph(f"{S[14]} ")
+    paragraph.add_run(LINES[15]).bold = True  # its own run, in the middle of a sentence
+    paragraph.add_run(f". {S[16]}.")
+    document.add_paragraph("42")  # nothing to translate: copied
+    document.add_table(rows=1, cols=2).rows[0].cells[1].text = f"{S[17]}."
+    sent = io.BytesIO()
+    document.save(sent)
+    [(status, _, data, content_type)] = send(server.url, [("brief.docx", sent.getvalue())])
+    assert status == 200 and content_type.endswith("wordprocessingml.document")
+    back = docx.Document(io.BytesIO(data))
+    shape = [[(run.bold, run.style.name) for run in p.runs] for p in document.paragraphs]
+    assert [[(run.bold, run.style.name) for run in p.runs] for p in back.paragraphs] == shape
+    assert [p.style.name for p in back.paragraphs] == [p.style.name for p in document.paragraphs]
+    texts = [p.text for p in document.paragraphs] + [f"{S[17]}."]
+    reference = translate(server.url, {"q": texts})["translatedText"]
+    cells = back.tables[0].rows[0].cells
+    assert [p.text for p in back.paragraphs] + [cells[1].text] == reference
+    assert back.paragraphs[2].text == "42" and cells[0].text == ""
+    assert all(run.text for run in back.paragraphs[1].runs)  # each run kept some words
+
+
 def test_files_too_large_or_not_to_translate_get_a_clear_413_or_400(server):
     over = ("x" * 80 + "\n") * (BODY_LIMIT // 81 + 1)
     answers = send(server.url, [
         ("big.txt", over.encode()), ("a.pdf", b"%PDF-1.4"), ("README", b"Hallo."),
         ("empty.txt", b" \n\n"), ("latin1.txt", "Grüße.".encode("latin-1")),
-        ("broken.srt", b"1\nnot a timing\nHallo.\n"),
+        ("broken.srt", b"1\nnot a timing\nHallo.\n"), ("broken.docx", b"PK\x03\x04 no zip"),
     ])  # fmt: skip
     assert [(status, answer) for status, answer, *_ in answers] == [
         (413, {"error": f"the file is too large: a request may have at most {BODY_LIMIT} bytes "
                         "(--max-body-bytes)"}),
-        (400, {"error": "'file': .pdf is not translated; these are: .txt, .html, .htm, .srt"}),
+        (400, {"error": "'file': .pdf is not translated; these are: .txt, .html, .htm, .srt, "
+                        ".docx"}),
         (400, {"error": "'file': a name without extension is not translated; these are: "
-                        ".txt, .html, .htm, .srt"}),
+                        ".txt, .html, .htm, .srt, .docx"}),
         (400, {"error": "'file' is empty: there is nothing to translate"}),
         (400, {"error": "'file' is not valid UTF-8: byte 0xfc at 2"}),
         (400, {"error": answers[5][1]["error"]}),
+        (400, {"error": answers[6][1]["error"]}),
     ]  # fmt: skip
     assert answers[5][1]["error"].startswith("'file' is not a SubRip file")
+    assert answers[6][1]["error"].startswith("'file' is not a .docx document")
     [(status, answer, *_)] = send(server.url, [("a.txt", b"Hallo.")], fields={"source": "de"})
     assert (status, answer) == (400, {"error": "'source' and 'target' are required (language "
                                                "codes)"})  # fmt: skip

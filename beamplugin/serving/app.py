@@ -10,9 +10,10 @@ fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into
 sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect``
 and ``GET /languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a
-.txt, .html or .srt file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``,
-``GET /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET
-/docs`` (it, readable) and ``GET /`` (a page to try it). Bad input is answered with a
+.txt, .html, .srt or .docx file, fetched translated from ``GET /download_file/ID/NAME``),
+``GET /health``, ``GET /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1,
+beamplugin.serving.spec), ``GET /docs`` (it, readable) and ``GET /`` (a page to try it). Bad
+input is answered with a
 status and ``{"error": "..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body
 neither JSON nor a form, 503 with Retry-After when the queue has no room. Guards
 (beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
@@ -62,7 +63,8 @@ PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate", "/translate_file")
 FILE_TYPES = {".txt": "text/plain", ".html": "text/html", ".htm": "text/html",
-              ".srt": "application/x-subrip"}  # fmt: skip
+              ".srt": "application/x-subrip",
+              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
 
 
 class TranslationService:
@@ -197,10 +199,8 @@ class TranslationService:
         self.guards.admit(request, fields)
         ask = FileRequest.parse(fields, self.served)
         self.guards.check_characters([ask.text])
-        translated = await translate_file(
-            self.admission, ask.format, ask.text, ask.pair, self.translator.fits
-        )
-        key = self.downloads.keep(ask.name, translated.encode("utf-8"))
+        translated = await translate_file(self.admission, ask, self.translator.fits)
+        key = self.downloads.keep(ask.name, translated)
         path = f"/download_file/{key}/{urllib.parse.quote(ask.name)}"
         url = request.url.origin().with_path(path, encoded=True)
         return json_answer({"translatedFileUrl": str(url)})
@@ -214,7 +214,8 @@ class TranslationService:
             raise Refused(404, f"no such file: translated files are kept {minutes:g} minutes")
         extension = "." + name.rpartition(".")[2].lower()
         return web.Response(body=data, headers={
-            "Content-Type": f"{FILE_TYPES[extension]}; charset=utf-8",
+            "Content-Type": FILE_TYPES[extension]
+            + ("" if extension == ".docx" else "; charset=utf-8"),
             "Content-Disposition": f'attachment; filename="{name}"',
         })  # fmt: skip
 

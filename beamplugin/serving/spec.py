@@ -106,13 +106,14 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
         }},  # fmt: skip
         "/translate_file": {"post": {
             "summary": "Translate a file (LibreTranslate's): .txt and .html as /translate's "
-                       "text and html, .srt one cue a sentence, numbering and timings kept",
+                       "text and html, .srt one cue a sentence, numbering and timings kept, "
+                       ".docx its paragraphs, runs and the rest kept",
             "security": security,
             "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
                 "type": "object", "required": ["file", "source", "target"],
                 "properties": {
                     "file": {"type": "string", "contentMediaType": "application/octet-stream",
-                             "description": "UTF-8: .txt, .html, .htm or .srt"},
+                             "description": ".txt, .html, .htm or .srt (UTF-8), or .docx"},
                     **_pair(s, optional=False),
                     "api_key": {"type": "string"},
                 },
@@ -126,7 +127,7 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
                 }),
                 **_translation_errors(s, "The body is not multipart/form-data",
                                       "no file, an extension not listed, an empty file or "
-                                      "one not UTF-8, a .srt that does not parse"),
+                                      "one not UTF-8, a .srt or .docx that does not parse"),
             },
         }},
         "/download_file/{key}/{name}": {"get": {
@@ -136,7 +137,9 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
             "responses": {
                 "200": {"description": "The file", "content": {
                     media: {"schema": {"type": "string"}}
-                    for media in ("text/plain", "text/html", "application/x-subrip")
+                    for media in ("text/plain", "text/html", "application/x-subrip",
+                                  "application/vnd.openxmlformats-officedocument"
+                                  ".wordprocessingml.document")
                 }},
                 **_errors((404, "No such file, or no longer: files are kept 10 minutes")),
             },
