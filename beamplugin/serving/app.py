@@ -8,18 +8,17 @@ server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation i
 fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
 Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into
-sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect``
-and ``GET /languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a
-.txt, .html, .srt or .docx file, fetched translated from ``GET /download_file/ID/NAME``),
-``GET /health``, ``GET /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1,
-beamplugin.serving.spec), ``GET /docs`` (it, readable) and ``GET /`` (a page to try it). Bad
-input is answered with a
-status and ``{"error": "..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body
-neither JSON nor a form, 503 with Retry-After when the queue has no room. Guards
+sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect`` and
+``GET /languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a .txt, .html,
+.srt or .docx file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``, ``GET
+/metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET /docs`` (it,
+readable) and ``GET /`` (a page to try it). Bad input is answered with a status and ``{"error":
+"..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body neither JSON nor a form
+(nor multipart for a file), 503 with Retry-After when the queue has no room. Guards
 (beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
 requests per minute, 400 over the character limit. A client that goes away, or a request not
-answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT)
-stops taking requests, answers every accepted one, then exits 0.
+answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT) stops
+taking requests, answers every accepted one, then exits 0.
 """
 
 from __future__ import annotations
