@@ -18,6 +18,8 @@ from setuptools import find_packages, setup
 #  - sentencex: the server's documents cut into sentences (rules for ~300 languages in the
 #    package); py3langid: /detect and source "auto" (its model in the package); lxml (dev): the
 #    tests parse HTML with a second parser. See docs/dependencies.md.
+#  - srt, python-docx: the server's subtitle and Word files (POST /translate_file) read and
+#    written. See docs/dependencies.md.
 #  - tqdm: beamplugin-translate's progress bar (fairseq pulls it in unpinned); ray (extra
 #    "cluster", installed by make test too): beamplugin-translate --ray. See docs/cluster.md.
 INSTALL_REQUIRES = [
@@ -35,6 +37,8 @@ INSTALL_REQUIRES = [
     "tqdm==4.70.1",
     "sentencex==1.0.32",
     "py3langid==0.4.0",
+    "srt==3.5.3",
+    "python-docx==1.2.0",
 ]
 
 setup(

@@ -327,6 +327,10 @@ def test_spec_is_valid_openapi_and_describes_every_answer(guarded):
                 ("post", "/detect", session.post(url + "/detect", json={"q": "Guten Tag!",
                                                                         **key})),
                 ("post", "/detect", session.post(url + "/detect", json={"q": 3, **key})),
+                ("post", "/translate_file", session.post(url + "/translate_file", data=_file(
+                    "a.txt", LINES[0], key))),
+                ("post", "/translate_file", session.post(url + "/translate_file", data=_file(
+                    "a.pdf", LINES[0], key))),
                 ("get", "/health", session.get(url + "/health")),
                 ("get", "/metrics", session.get(url + "/metrics")),
                 ("get", "/metrics", session.get(url + "/metrics", headers=bearer("beta"))),
@@ -334,18 +338,30 @@ def test_spec_is_valid_openapi_and_describes_every_answer(guarded):
                 ("get", "/docs", session.get(url + "/docs")),
                 ("get", "/", session.get(url + "/")),
             ]  # fmt: skip
-            return spec, [(method, path, await _answer(r)) for method, path, r in answers]
+            answered = [(method, path, await _answer(r)) for method, path, r in answers]
+            translated = answered[12][2][2]["translatedFileUrl"]
+            for fetched in (translated, translated.rsplit("/", 1)[0] + "/b.txt"):
+                answered.append(("get", "/download_file/{key}/{name}",
+                                 await _answer(session.get(fetched))))  # fmt: skip
+            return spec, answered
 
     spec, answers = run(scenario())
     validate(spec)
     statuses = [answer[0] for _, _, answer in answers]
-    assert statuses == [200, 200, 400, 200, 403, 400, 415, 200, 429, 200, 200, 400, 200, 403,
-                        200, 200, 200, 200], answers  # fmt: skip
+    assert statuses == [200, 200, 400, 200, 403, 400, 415, 200, 429, 200, 200, 400, 200, 400,
+                        200, 403, 200, 200, 200, 200, 200, 404], answers  # fmt: skip
     for method, path, answer in answers:
         check_against_spec(spec, method, path, answer)
     assert {path for _, path, _ in answers} == set(spec["paths"])
-    docs = answers[-2][2][2]
+    docs = answers[-4][2][2]
     assert "/spec" in docs and not any(f'{a}="http' in docs for a in ("src", "href")), docs
+
+
+def _file(name: str, text: str, fields: dict[str, str]) -> aiohttp.FormData:
+    """A multipart form with ``text`` as the file ``name``, to translate from de to en."""
+    form = aiohttp.FormData({"source": "de", "target": "en", **fields})
+    form.add_field("file", text.encode(), filename=name)
+    return form
 
 
 def test_help_shows_the_server_and_decoding_options_first_and_help_all_the_rest():

@@ -8,16 +8,17 @@ server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation i
 fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
 Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into
-sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect``
-and ``GET /languages`` (LibreTranslate's), ``GET /health``,
-``GET /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET
-/docs`` (it, readable) and ``GET /`` (a page to try it). Bad input is answered with a
-status and ``{"error": "..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body
-neither JSON nor a form, 503 with Retry-After when the queue has no room. Guards
+sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect`` and
+``GET /languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a .txt, .html,
+.srt or .docx file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``, ``GET
+/metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET /docs`` (it,
+readable) and ``GET /`` (a page to try it). Bad input is answered with a status and ``{"error":
+"..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body neither JSON nor a form
+(nor multipart for a file), 503 with Retry-After when the queue has no room. Guards
 (beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
 requests per minute, 400 over the character limit. A client that goes away, or a request not
-answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT)
-stops taking requests, answers every accepted one, then exits 0.
+answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT) stops
+taking requests, answers every accepted one, then exits 0.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import logging
 import signal
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -35,12 +37,21 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from beamplugin.serving.admission import Admission
+from beamplugin.serving.documents.files import translate_file
 from beamplugin.serving.documents.translation import translate_documents
+from beamplugin.serving.downloads import Downloads
 from beamplugin.serving.glossary import Glossary, Term, constraints_of
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
-from beamplugin.serving.requests import LibreRequest, NbestRequest, Served, read_body
+from beamplugin.serving.requests import (
+    FileRequest,
+    LibreRequest,
+    NbestRequest,
+    Served,
+    read_body,
+    read_file_form,
+)
 from beamplugin.serving.responses import Refused, json_answer
 from beamplugin.serving.spec import SpecSettings, openapi
 from beamplugin.serving.translator import Translation, Translator
@@ -49,7 +60,10 @@ logger = logging.getLogger("beamplugin.serving.app")
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
-TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate")
+TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate", "/translate_file")
+FILE_TYPES = {".txt": "text/plain", ".html": "text/html", ".htm": "text/html",
+              ".srt": "application/x-subrip",
+              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
 
 
 class TranslationService:
@@ -75,6 +89,7 @@ class TranslationService:
         self.admission = Admission(
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
+        self.downloads = Downloads()
         self.served = served = Served.of(translator, glossary_terms, tuple(self.glossaries))
         languages = served.languages
         self.spec = openapi(SpecSettings(
@@ -97,6 +112,8 @@ class TranslationService:
         app.router.add_post("/translate", self.libre_translate)
         app.router.add_post("/v1/translate", self.translate_nbest)
         app.router.add_post("/detect", self.detect)
+        app.router.add_post("/translate_file", self.libre_translate_file)
+        app.router.add_get("/download_file/{key}/{name}", self.download_file)
         return app
 
     @web.middleware
@@ -173,6 +190,33 @@ class TranslationService:
             answer["detectedLanguage"] = {"language": ask.detected[0],
                                           "confidence": ask.detected[1]}  # fmt: skip
         return json_answer(answer)
+
+    async def libre_translate_file(self, request: web.Request) -> web.Response:
+        """LibreTranslate's ``/translate_file``: a multipart form's ``file`` translated into a
+        file of the same format, kept for download; answered with its URL."""
+        fields = await read_file_form(request)
+        self.guards.admit(request, fields)
+        ask = FileRequest.parse(fields, self.served)
+        self.guards.check_characters([ask.text])
+        translated = await translate_file(self.admission, ask, self.translator.fits)
+        key = self.downloads.keep(ask.name, translated)
+        path = f"/download_file/{key}/{urllib.parse.quote(ask.name)}"
+        url = request.url.origin().with_path(path, encoded=True)
+        return json_answer({"translatedFileUrl": str(url)})
+
+    async def download_file(self, request: web.Request) -> web.Response:
+        """A file ``/translate_file`` translated, while it is kept (the id is the key to it)."""
+        name = request.match_info["name"]
+        data = self.downloads.fetch(request.match_info["key"], name)
+        if data is None:
+            minutes = self.downloads.lifetime / 60
+            raise Refused(404, f"no such file: translated files are kept {minutes:g} minutes")
+        extension = "." + name.rpartition(".")[2].lower()
+        return web.Response(body=data, headers={
+            "Content-Type": FILE_TYPES[extension]
+            + ("" if extension == ".docx" else "; charset=utf-8"),
+            "Content-Disposition": f'attachment; filename="{name}"',
+        })  # fmt: skip
 
     def _terms_finder(
         self, glossary: list[tuple[str, str]] | str | None

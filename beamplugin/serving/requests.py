@@ -5,13 +5,18 @@ LibreTranslate takes both) and each endpoint's fields checked into a plain objec
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+import docx
 from aiohttp import web
+from docx.document import Document as DocxDocument
+from docx.table import _Cell
+from docx.text.paragraph import Paragraph
 
 from beamplugin.fairseq_plugin.language_pairs import LanguagePairs, Pair
 from beamplugin.serving.detection import LanguageDetector
@@ -128,6 +133,90 @@ class LibreRequest:
             _check_encodable(line, where)
         glossary = glossary_field(body, served)
         return cls(lines, single, alternatives, detected, pair, text_format, split, glossary)
+
+
+# LibreTranslate's file formats this server translates, each read as what it holds
+FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt", ".docx": "docx"}
+SAFE_NAME = re.compile(r"[^\w.-]+", re.ASCII)  # a name for a URL and a header
+
+
+@dataclass(frozen=True)
+class FileRequest:
+    """``POST /translate_file``: the uploaded ``file``, ``data``, in ``format`` ("text",
+    "html", "srt" or "docx", by its extension) to translate in ``pair``; ``text`` what it says
+    (for a .docx, its paragraphs' text, a line each); ``name`` its name made safe for a URL."""
+
+    name: str
+    format: str
+    data: bytes
+    text: str
+    pair: Pair
+
+    @classmethod
+    def parse(cls, fields: dict[str, Any], served: Served) -> FileRequest:
+        upload = fields.get("file")
+        if not isinstance(upload, web.FileField):
+            raise Refused(400, "'file' is required: a file sent as multipart/form-data")
+        name = SAFE_NAME.sub("_", upload.filename.replace("\\", "/").rsplit("/", 1)[-1])
+        extension = "." + name.rpartition(".")[2].lower() if "." in name else ""
+        if extension not in FILE_FORMATS:
+            raise Refused(400, f"'file': {extension or 'a name without extension'} is not "
+                               f"translated; these are: {', '.join(FILE_FORMATS)}")  # fmt: skip
+        data = upload.file.read()
+        text_format = FILE_FORMATS[extension]
+        text = _docx_text(data) if text_format == "docx" else _utf8(data)
+        if not text.strip():
+            raise Refused(400, "'file' is empty: there is nothing to translate")
+        detected = html.unescape(MARKUP.sub(" ", text)) if text_format == "html" else text
+        pair, _ = served.pair(fields, required=True, texts=[detected])
+        return cls(name, text_format, data, text, pair)
+
+
+def _utf8(data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")  # a byte order mark is not text
+    except UnicodeDecodeError as error:
+        raise Refused(400, f"'file' is not valid UTF-8: byte 0x{data[error.start]:02x} at "
+                           f"{error.start}") from None  # fmt: skip
+
+
+def _docx_text(data: bytes) -> str:
+    """The text of a .docx's paragraphs, a line each, or 400 if it is not one."""
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except Exception as error:  # a zip or XML error, or a zip that is not a document
+        raise Refused(400, f"'file' is not a .docx document: {error}") from None
+    return "\n".join(paragraph.text for paragraph in docx_paragraphs(document))
+
+
+def docx_paragraphs(document: DocxDocument) -> list[Paragraph]:
+    """The paragraphs of a .docx's body and of its tables (nested ones too), each once."""
+    found: list[Paragraph] = []
+    seen: set[int] = set()  # a merged cell is every cell it covers: its paragraphs once
+
+    def walk(container: DocxDocument | _Cell) -> None:
+        for paragraph in container.paragraphs:
+            if id(paragraph._p) not in seen:
+                seen.add(id(paragraph._p))
+                found.append(paragraph)
+        for table in container.tables:
+            for row in table.rows:
+                for cell in row.cells:
+                    walk(cell)
+
+    walk(document)
+    return found
+
+
+async def read_file_form(request: web.Request) -> dict[str, Any]:
+    """A multipart form's fields (a file as aiohttp's FileField), or 415 for another body."""
+    if request.content_type != "multipart/form-data":
+        raise Refused(415, "send the file as multipart/form-data")
+    try:
+        return dict(await request.post())
+    except web.HTTPRequestEntityTooLarge:  # aiohttp's message names no file and no option
+        raise Refused(413, f"the file is too large: a request may have at most "
+                           f"{request.client_max_size} bytes (--max-body-bytes)") from None
 
 
 def glossary_field(body: dict[str, Any], served: Served) -> list[tuple[str, str]] | str | None:

@@ -104,6 +104,46 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
                 ),
             },
         }},  # fmt: skip
+        "/translate_file": {"post": {
+            "summary": "Translate a file (LibreTranslate's): .txt and .html as /translate's "
+                       "text and html, .srt one cue a sentence, numbering and timings kept, "
+                       ".docx its paragraphs, runs and the rest kept",
+            "security": security,
+            "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+                "type": "object", "required": ["file", "source", "target"],
+                "properties": {
+                    "file": {"type": "string", "contentMediaType": "application/octet-stream",
+                             "description": ".txt, .html, .htm or .srt (UTF-8), or .docx"},
+                    **_pair(s, optional=False),
+                    "api_key": {"type": "string"},
+                },
+            }}}},
+            "responses": {
+                "200": _json("Where to download the translated file, of the same format, for "
+                             "10 minutes (the 100 newest files are kept)", {
+                    "type": "object", "required": ["translatedFileUrl"],
+                    "properties": {"translatedFileUrl": {"type": "string", "format": "uri"}},
+                    "additionalProperties": False,
+                }),
+                **_translation_errors(s, "The body is not multipart/form-data",
+                                      "no file, an extension not listed, an empty file or "
+                                      "one not UTF-8, a .srt or .docx that does not parse"),
+            },
+        }},
+        "/download_file/{key}/{name}": {"get": {
+            "summary": "A file /translate_file translated (its URL is its key: no API key)",
+            "parameters": [{"name": name, "in": "path", "required": True,
+                            "schema": {"type": "string"}} for name in ("key", "name")],
+            "responses": {
+                "200": {"description": "The file", "content": {
+                    media: {"schema": {"type": "string"}}
+                    for media in ("text/plain", "text/html", "application/x-subrip",
+                                  "application/vnd.openxmlformats-officedocument"
+                                  ".wordprocessingml.document")
+                }},
+                **_errors((404, "No such file, or no longer: files are kept 10 minutes")),
+            },
+        }},
         "/languages": {"get": {
             "summary": "The language pairs (LibreTranslate's)",
             "responses": {"200": _json("Each source language, its name and its targets", {
@@ -150,13 +190,18 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
     }
 
 
-def _translation_errors(s: SpecSettings) -> dict[str, Any]:
+def _translation_errors(
+    s: SpecSettings,
+    unsupported: str = "The body is neither JSON nor a URL-encoded form",
+    bad: str = "",
+) -> dict[str, Any]:
     return _errors(
         (400, "Bad input: the message says what (no sentence of the request is queued)"
+         + (f"; {bad}" if bad else "")
          + (f"; also more than {s.char_limit} characters in all" if s.char_limit else "")),
         (403, "No API key, or an unknown one") if s.keys else None,
         (413, "The body is larger than --max-body-bytes"),
-        (415, "The body is neither JSON nor a URL-encoded form"),
+        (415, unsupported),
         (429, "Over the key's (or the client address's) requests per minute", True),
         (500, "The model failed"),
         (503, "The queue has no room, the server is stopping, or its decoder process is "
