@@ -352,7 +352,8 @@ def test_page_and_docs_in_a_real_browser(server, interactive, tmp_path):
     assert error == "400: 'nbest' must be an integer from 1 to 4"
     assert rows_after_error == []
     assert documented == {"/", "/docs", "/spec", "/health", "/metrics", "/languages",
-                          "/translate", "/v1/translate", "/detect"}  # fmt: skip
+                          "/translate", "/v1/translate", "/detect", "/translate_file",
+                          "/download_file/{key}/{name}"}  # fmt: skip
 
 
 # the decoder thread ends with the model's error, as it should: its traceback is the log
