@@ -127,7 +127,7 @@ class FixedRows:
             max(self.capacity.slots, bucket(slots)),
             max(self.capacity.columns, bucket(columns, LEAST_COLUMNS)),
             max(self.capacity.sources, bucket(sources, LEAST_COLUMNS)),
-            max(self.capacity.prefix, bucket(prefix)),
+            max(self.capacity.prefix, bucket(prefix) if prefix else 0),  # 0: none yet
         )
         if want == self.capacity:
             return

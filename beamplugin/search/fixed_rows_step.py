@@ -77,7 +77,7 @@ class SearchState:
 
     @classmethod
     def empty(
-        cls, slots: int, beam: int, columns: int, device: torch.device, prefix: int = 1
+        cls, slots: int, beam: int, columns: int, device: torch.device, prefix: int = 0
     ) -> SearchState:
         rows, ended = slots * beam, slots * beam + 1
 
@@ -139,28 +139,35 @@ class Rules:
 
 
 def mask(
-    lprobs: Tensor, steps: Tensor, max_lens: Tensor, forced: Tensor, in_prefix: Tensor,
-    rules: Rules,
+    lprobs: Tensor, steps: Tensor, max_lens: Tensor, forced: Tensor | None,
+    in_prefix: Tensor | None, rules: Rules,
 ) -> None:  # fmt: skip
     """fairseq's rules on ``lprobs`` ``[rows, vocab]`` in place, each row at its sentence's
     ``steps`` of ``max_lens``, in its forced prefix or not (``in_prefix``), ``forced`` the
-    token its prefix forces now (pad: none) (all ``[rows]``): NaN and pad -inf, suppressed
-    tokens and EOS before ``min_len`` outside a prefix, the unk penalty, only EOS at the maximum
-    length, only the forced token."""
+    token its prefix forces now (pad: none) (all ``[rows]``; None: no prefixes): NaN and pad
+    -inf, suppressed tokens and EOS before ``min_len`` outside a prefix, the unk penalty, only
+    EOS at the maximum length, only the forced token."""
     options = rules.options
     lprobs.masked_fill_(lprobs.isnan(), -math.inf)
     lprobs[:, rules.pad].fill_(-math.inf)  # in-place ops: no scalar tensor made from Python
     if rules.suppressed is not None:
-        suppressed = lprobs.index_fill(1, rules.suppressed, -math.inf)
-        lprobs.copy_(torch.where(in_prefix.unsqueeze(1), lprobs, suppressed))
+        if in_prefix is None:
+            lprobs.index_fill_(1, rules.suppressed, -math.inf)
+        else:
+            suppressed = lprobs.index_fill(1, rules.suppressed, -math.inf)
+            lprobs.copy_(torch.where(in_prefix.unsqueeze(1), lprobs, suppressed))
     if options.min_len > 0:
-        short = (steps < options.min_len) & ~in_prefix
+        short = steps < options.min_len
+        if in_prefix is not None:
+            short &= ~in_prefix
         lprobs[:, rules.eos].masked_fill_(short, -math.inf)
     if options.unk_penalty:
         lprobs[:, rules.unk].sub_(options.unk_penalty)
     eos = lprobs[:, rules.eos].clone()
     lprobs.masked_fill_((steps >= max_lens).unsqueeze(1), -math.inf)
     lprobs[:, rules.eos].copy_(eos)
+    if forced is None:
+        return
     column = forced.unsqueeze(1)
     kept = lprobs.gather(1, column)
     lprobs.masked_fill_(forced.ne(rules.pad).unsqueeze(1), -math.inf)
@@ -178,18 +185,23 @@ def step(lprobs: Tensor, state: SearchState, rules: Rules, slots: int, columns: 
     active = state.active[:slots]
     steps = state.steps[:slots]
     max_lens = state.max_lens[:slots]
-    in_prefix = steps.lt(state.prefix_lens[:slots]) & steps.lt(max_lens)
-    last = state.prefixes.size(1) - 1
-    forced = state.prefixes[:slots].gather(1, steps.clamp(max=last).unsqueeze(1)).squeeze(1)
-    forced = torch.where(in_prefix, forced, rules.pad)
     row_steps = _each_row(steps, beam)
-    mask(lprobs, row_steps, _each_row(max_lens, beam), _each_row(forced, beam),
-         _each_row(in_prefix, beam), rules)  # fmt: skip
+    first_rows = torch.arange(0, rows, beam, device=device).unsqueeze(1)
+    # no prefix in the state's capacity (none was ever admitted): no prefix work in the step
+    forced = in_prefix = None
+    if state.prefixes.size(1):
+        in_prefix = steps.lt(state.prefix_lens[:slots]) & steps.lt(max_lens)
+        last = state.prefixes.size(1) - 1
+        forced = state.prefixes[:slots].gather(1, steps.clamp(max=last).unsqueeze(1)).squeeze(1)
+        forced = torch.where(in_prefix, forced, rules.pad)
+    mask(lprobs, row_steps, _each_row(max_lens, beam),
+         None if forced is None else _each_row(forced, beam),
+         None if in_prefix is None else _each_row(in_prefix, beam), rules)  # fmt: skip
     if rules.options.no_repeat_ngram_size:
         block_repeated_ngrams(lprobs, state.tokens[:rows, : columns + 1], row_steps,
                               rules.options.no_repeat_ngram_size)  # fmt: skip
-    first_rows = torch.arange(0, rows, beam, device=device).unsqueeze(1)
-    lprobs = _first_beam_where_eos_forced(lprobs, state, forced.eq(eos), first_rows, columns)
+    if forced is not None:
+        lprobs = _first_beam_where_eos_forced(lprobs, state, forced.eq(eos), first_rows, columns)
     total = (lprobs.view(slots, beam, vocab) + state.scores[:slots].unsqueeze(2)).view(slots, -1)
     cand_scores, flat = torch.topk(total, 2 * beam)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
