@@ -271,7 +271,7 @@ def print_table(results: list[dict], threads: int) -> None:
 def records(results: list[dict], threads: int) -> list[dict]:
     """A record a row of ours against torch's (the paths' rows: ours against oneDNN's packed
     product), in the table of its set."""
-    command, where = command_line(__spec__.name), machine(threads=threads)
+    command, where = command_line(), machine(threads=threads)
     out = []
     for result in results:
         for row in result["rows"]:

@@ -50,7 +50,7 @@ from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding, native_on_cpu
 from beamplugin.modules import linear as linear_module
 from benchmarks.common import cpu_description
-from benchmarks.generate import run
+from benchmarks.in_process import run
 from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 

@@ -38,7 +38,7 @@ from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.modules.linear import InferenceCache
 from benchmarks.common import cpu_description
-from benchmarks.generate import Timers, instrument, replace, run
+from benchmarks.in_process import Timers, instrument, replace, run
 from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 PARTS = ["vocabulary", "decoder convolutions", "attention", "projections", "encoder"]

@@ -31,13 +31,16 @@ from beamplugin import SequenceGenerator
 from beamplugin.kernels.transformer_layers import DecoderStep
 from beamplugin.models import mixed_step_transformer
 from benchmarks.common import cpu_description
-from benchmarks.transformer import checkpoint_parser, ct2_model
+from benchmarks.generate import ct2_model, test_set_options
 
 BEAM = 5
 
 
 def parse_args() -> argparse.Namespace:
-    parser = checkpoint_parser(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
+    parser.add_argument("--data", required=True, help="its binarized data directory")
+    test_set_options(parser)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="best of")
     return parser.parse_args()
