@@ -272,7 +272,7 @@ def main() -> None:
               f"{1000 * percentile(alone, 99):.0f} ms")  # fmt: skip
         common.append_records(args.results, [
             common.record(
-                table=common.table_name(), row=f"server-{name.split()[0]}", system=name,
+                table=common.table_name(), row="server", system=name,
                 what=f"{args.path}: beamplugin-serve with {args.clients} clients sending single "
                      f"sentences ({n})", model=args.path, precision="float32", batch=64,
                 sentences_per_s=statistics.median(r[index][0] for r in rows),
