@@ -40,7 +40,7 @@ from beamplugin.kernels import (
     int8_products,
     native_library,
 )
-from beamplugin.modules import linear
+from beamplugin.modules import int8_weights, packed_weights
 
 # (out, in) of a 3+3 x 256 transformer's products and its 3952-word output projection, and of
 # a base transformer's (512 wide, feed-forward 2048, 32k vocabulary)
@@ -93,24 +93,24 @@ def product_rows(shapes: list[tuple[int, int]]) -> list[dict]:
     rows = []
     for out, inner in shapes:
         weight = torch.randn(out, inner)
-        ours, theirs = float_products.pack(weight), linear._onednn_pack(weight, None)
-        plain = linear.quantize_int8(weight, None)  # torch's int8 path's weight
+        ours, theirs = float_products.pack(weight), packed_weights.onednn_layout(weight)
+        plain = int8_weights.quantize_int8(weight, None)  # torch's int8 path's weight
         int8 = None  # ours: the same values in our kernel's panels
         if int8_products.available():
-            int8 = linear.in_panels(plain)
+            int8 = int8_weights.in_panels(plain)
         for count in ROWS:
             x = torch.randn(count, inner)
             flops = 2 * count * out * inner
             rows.append(dict(
                 kernel="products", shape=f"{out}x{inner}", rows=count, flops=flops,
                 ours=fastest(partial(float_products.product, x, ours, None)),
-                torch=fastest(partial(linear.packed_product, x, theirs, None)),
+                torch=fastest(partial(packed_weights.packed_product, x, theirs, None)),
             ))  # fmt: skip
             if int8 is not None:
                 rows.append(dict(
                     kernel="int8", shape=f"{out}x{inner}", rows=count, flops=flops,
-                    ours=fastest(partial(linear.int8_linear, x, int8)),
-                    torch=fastest(partial(linear.int8_linear, x, plain)),
+                    ours=fastest(partial(int8_weights.int8_linear, x, int8)),
+                    torch=fastest(partial(int8_weights.int8_linear, x, plain)),
                 ))  # fmt: skip
     return rows
 

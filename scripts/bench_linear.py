@@ -2,8 +2,8 @@
 and against our kernel on its panels (beamplugin/kernels/float_products.py), for the decoder's
 product shapes.
 
-Backs the choice in beamplugin/modules/linear.py. Runs interleaved rounds and prints the median
-microseconds per product and the ratio; "cold" first streams 64 MiB through the caches, as a
+Backs the choice in beamplugin/modules/packed_weights.py. Runs interleaved rounds and prints the
+median microseconds per product and the ratio; "cold" first streams 64 MiB through the caches, as a
 decoder step does between two uses of the same weight.
 
     python scripts/bench_linear.py --threads 2
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from bench_generate import cpu_description
 
 from beamplugin.kernels import float_products
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import packed_weights
 
 # (out, in) features: vocabulary projections, a convs2s convolution, a transformer's attention
 # and feed-forward products
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=40, help="products timed per round")
     args = parser.parse_args()
-    onednn, onednn_pack = linear_module._onednn_linear, linear_module._onednn_pack
+    onednn, onednn_pack = packed_weights._onednn_linear, packed_weights._onednn_pack
     if onednn is None or onednn_pack is None:
         raise SystemExit("this torch build has no oneDNN linear")
     if not float_products.available():

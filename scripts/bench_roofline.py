@@ -47,7 +47,7 @@ from bench_generate import (
 import beamplugin.modules.attention as attention_module
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
-from beamplugin.modules.linear import InferenceCache
+from beamplugin.modules.inference_cache import InferenceCache
 
 PARTS = ["vocabulary", "decoder convolutions", "attention", "projections", "encoder"]
 

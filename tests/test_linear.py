@@ -8,12 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from beamplugin.modules import linear as linear_module
-from beamplugin.modules.linear import Linear, linear, pack_weight, uses_packed_products
+from beamplugin.modules import packed_weights
+from beamplugin.modules.linear import Linear
+from beamplugin.modules.packed_weights import pack_weight, packed_product, uses_packed_products
+from beamplugin.modules.prepared_linear import prepare_linear
 from beamplugin.modules.weight_norm import WeightNormLinear
 
 needs_onednn = pytest.mark.skipif(
-    linear_module._onednn_linear is None or linear_module._onednn_pack is None,
+    packed_weights._onednn_linear is None or packed_weights._onednn_pack is None,
     reason="this torch build has no oneDNN (or no packing for it)",
 )
 
@@ -34,7 +36,7 @@ def test_onednn_product_equals_f_linear_up_to_rounding(rows):
     x = torch.randn(rows, 1, 256)
     with torch.no_grad():
         assert uses_packed_products(x, weight)
-        out = linear(x, weight, bias)
+        out = prepare_linear(weight, bias)(x.reshape(rows, 256)).view(rows, 1, -1)
     expected = F.linear(x.double(), weight.double(), bias.double())
     assert out.shape == (rows, 1, weight.size(0)) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
@@ -61,7 +63,7 @@ def test_gradients_flow_through_the_training_path():
 
 
 # Half precisions that this CPU multiplies in hardware (oneDNN packs only those)
-HALF = [dtype for dtype in (torch.bfloat16, torch.float16) if dtype in linear_module.ONEDNN_DTYPES]
+HALF = [dtype for dtype in (torch.bfloat16, torch.float16) if dtype in packed_weights.ONEDNN_DTYPES]
 
 
 @needs_onednn
@@ -81,9 +83,9 @@ def test_packed_weight_gives_the_same_bits_whatever_the_rows(rows, shape, dtype)
     x = torch.randn(320, shape[1]).to(dtype)
     with torch.no_grad():
         assert uses_packed_products(x, weight)
-        everything = linear(x, weight, bias, lambda: packed)
-        alone = linear(x[:rows], weight, bias, lambda: packed)
-        plain = linear(x[:rows], weight, bias)
+        everything = packed_product(x, packed, bias)
+        alone = packed_product(x[:rows], packed, bias)
+        plain = prepare_linear(weight, bias)(x[:rows])
     assert torch.equal(alone, everything[:rows])  # a row's result does not depend on the batch
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(alone, plain, rtol=tolerance, atol=tolerance)
