@@ -12,7 +12,7 @@ process torch's kernels are held to AVX2 too (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU
 as on a CPU without AVX-512. ``--results FILE`` appends a record a row (table ``cpu-SET``).
 
 ``--kernels paths`` (not in the default set) times every path a float32 product can take, which
-backs the choice in beamplugin/modules/linear.py: ``F.linear`` (MKL), oneDNN's matmul on the
+backs the choice in beamplugin/modules/packed_weights.py: ``F.linear`` (MKL), oneDNN's matmul on the
 plain weight and on its packed one, and our kernel on its panels, at the decoder's product
 shapes; the median microseconds a product over interleaved rounds, "hot" and "cold" (64 MiB
 streamed through the caches before each product, as a decoder step does between two uses of
@@ -48,7 +48,7 @@ from beamplugin.kernels import (
     int8_products,
     native_library,
 )
-from beamplugin.modules import linear
+from beamplugin.modules import int8_weights, packed_weights
 from benchmarks.common import (
     add_results_option,
     append_records,
@@ -104,24 +104,24 @@ def product_rows(shapes: list[tuple[int, int]]) -> list[dict]:
     rows = []
     for out, inner in shapes:
         weight = torch.randn(out, inner)
-        ours, theirs = float_products.pack(weight), linear._onednn_pack(weight, None)
-        plain = linear.quantize_int8(weight, None)  # torch's int8 path's weight
+        ours, theirs = float_products.pack(weight), packed_weights.onednn_layout(weight)
+        plain = int8_weights.quantize_int8(weight, None)  # torch's int8 path's weight
         int8 = None  # ours: the same values in our kernel's panels
         if int8_products.available():
-            int8 = linear.in_panels(plain)
+            int8 = int8_weights.in_panels(plain)
         for count in ROWS:
             x = torch.randn(count, inner)
             flops = 2 * count * out * inner
             rows.append(dict(
                 kernel="products", shape=f"{out}x{inner}", rows=count, flops=flops,
                 ours=fastest(partial(float_products.product, x, ours, None)),
-                torch=fastest(partial(linear.packed_product, x, theirs, None)),
+                torch=fastest(partial(packed_weights.packed_product, x, theirs, None)),
             ))  # fmt: skip
             if int8 is not None:
                 rows.append(dict(
                     kernel="int8", shape=f"{out}x{inner}", rows=count, flops=flops,
-                    ours=fastest(partial(linear.int8_linear, x, int8)),
-                    torch=fastest(partial(linear.int8_linear, x, plain)),
+                    ours=fastest(partial(int8_weights.int8_linear, x, int8)),
+                    torch=fastest(partial(int8_weights.int8_linear, x, plain)),
                 ))  # fmt: skip
     return rows
 
@@ -180,7 +180,7 @@ def timed(product: Callable[[], object], flush: torch.Tensor | None, calls: int)
 def path_rows(shapes: list[tuple[int, int]], rounds: int, calls: int) -> list[dict]:
     """A float32 product's every path, hot and cold, the median of ``rounds`` interleaved
     rounds of ``calls`` products: the paths' table."""
-    onednn, onednn_pack = linear._onednn_linear, linear._onednn_pack
+    onednn, onednn_pack = packed_weights._onednn_linear, packed_weights._onednn_pack
     if onednn is None or onednn_pack is None:
         raise SystemExit("this torch build has no oneDNN linear")
     flush = torch.zeros(64 * 1024 * 1024 // 4)

@@ -48,7 +48,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding, native_on_cpu
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import int8_weights, packed_weights
 from benchmarks import common
 from benchmarks.common import cpu_description
 from benchmarks.in_process import run
@@ -106,8 +106,8 @@ def time_products(args: Namespace) -> None:
     for out_features, in_features in [(8000, 256), (512, 768)]:
         weight = torch.randn(out_features, in_features) / in_features**0.5
         bias = torch.randn(out_features)
-        packed = linear_module.pack_weight(weight)
-        int8 = linear_module.pack_int8(weight, bias)
+        packed = packed_weights.pack_weight(weight)
+        int8 = int8_weights.pack_int8(weight, bias)
         int8_weight, scales = int8.values, int8.scales
         with warnings.catch_warnings():  # torch marks quantized tensors deprecated
             warnings.simplefilter("ignore", UserWarning)
@@ -119,12 +119,12 @@ def time_products(args: Namespace) -> None:
             x = torch.randn(rows, in_features)
             half = {dtype: (x.to(dtype), weight.to(dtype), bias.to(dtype))
                     for dtype in (torch.bfloat16, torch.float16)}  # fmt: skip
-            xb, sb, keep = half[torch.bfloat16][0], scales.bfloat16(), lambda p=packed: p
+            xb, sb = half[torch.bfloat16][0], scales.bfloat16()
             products = {
-                "float32 (ours)": partial(linear_module.linear, x, weight, bias, keep),
+                "float32 (ours)": partial(packed_weights.packed_product, x, packed, bias),
                 "bf16 F.linear": partial(F.linear, *half[torch.bfloat16]),
                 "fp16 F.linear": partial(F.linear, *half[torch.float16]),
-                "int8 (ours)": partial(linear_module.int8_linear, x, int8),
+                "int8 (ours)": partial(int8_weights.int8_linear, x, int8),
                 "int8 fbgemm shared scale": partial(
                     torch.ops.quantized.linear_dynamic, x, fbgemm, True
                 ),
@@ -202,7 +202,7 @@ def main() -> None:
     print(
         f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}\n"
         f"# {cpu_description()}, hardware products {native}, int8 weights of "
-        f"{linear_module.int8_weight_levels()} levels"
+        f"{int8_weights.int8_weight_levels()} levels"
     )
     for batch_size in args.batch_sizes:
         if args.random:

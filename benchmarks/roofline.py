@@ -36,7 +36,7 @@ import torch
 import beamplugin.modules.attention as attention_module
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
-from beamplugin.modules.linear import InferenceCache
+from beamplugin.modules.inference_cache import InferenceCache
 from benchmarks import common
 from benchmarks.common import cpu_description
 from benchmarks.in_process import Timers, instrument, replace, run
