@@ -57,7 +57,7 @@ _NUMBER = r"\d[\d,]*(?:\.\d+)?"
 MEASURED = re.compile(
     rf"(?<![\w.])x(?!86\b){_NUMBER}(?![\w-])|\b{_NUMBER}x\b|\b{_NUMBER} times\b"
     rf"|\b{_NUMBER} ?(?:ms|us|µs|ns|minutes?|min|hours?|seconds?)\b|\b{_NUMBER} [sh]\b"
-    rf"|\b{_NUMBER} ?(?:[KMGT]i?B|kB|Gb|[GT]FLOPS|[GT]FLOP/s)\b|\b{_NUMBER} ?%"
+    rf"|\b{_NUMBER} ?(?:[KMGT]i?B|kB|Gb|[GT]FLOP(?:S|/s)?)\b|\b{_NUMBER} ?%"
     rf"|\b{_NUMBER} ?(?:tok|tokens|sent|sentences|lines|blocks|requests)"
     r"(?:/s\b| a second\b| per second\b)"
 )
@@ -94,7 +94,7 @@ def test_no_measured_figure_is_typed_outside_a_results_block(page):
 
 def test_typed_figures_are_found_unless_a_marker_says_why_not():
     page = (
-        "Ours ran at x1.5 fairseq, 12 us a call, 3.2 MiB, 880 sentences/s, 12% busy.\n"
+        "Ours ran at x1.5 fairseq, 12 us a call, 3.2 MiB, 880 sentences/s, 12% busy, 5 GFLOP/s.\n"
         "A 512 x 512 weight on x86-64.\n\n"
         "<!-- not measured: the option's default -->\n| `--timeout` | 600 s |\n\n"
         "<!-- not measured: a sample report -->\n```\ntook 12 min\n\nat 101%\n```\n"
@@ -102,5 +102,6 @@ def test_typed_figures_are_found_unless_a_marker_says_why_not():
         "<!-- results:gpu -->\n| 0.88 ms/step |\n<!-- /results -->\n"
     )
     assert typed_figures(page) == [
-        "1: x1.5", "1: 12 us", "1: 3.2 MiB", "1: 880 sentences/s", "1: 12%", "13: 2.5 s",
+        "1: x1.5", "1: 12 us", "1: 3.2 MiB", "1: 880 sentences/s", "1: 12%", "1: 5 GFLOP/s",
+        "13: 2.5 s",
     ]  # fmt: skip
