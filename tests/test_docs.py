@@ -1,5 +1,6 @@
 """README.md and docs/: links that lead somewhere, pages short enough to read, user pages
-without the project's journal (issue numbers, paths outside the repository)."""
+without the project's journal (issue numbers, paths outside the repository), and no measured
+figure typed by hand outside the tables rendered from benchmarks/results."""
 
 import re
 from pathlib import Path
@@ -89,7 +90,11 @@ def typed_figures(text: str) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_no_measured_figure_is_typed_outside_a_results_block(page):
-    assert typed_figures(page.read_text()) == [], f"{page.name}: make it a record (make tables)"
+    figures = typed_figures(page.read_text())
+    assert figures == [], (
+        f"{page.name}: render measured figures from benchmarks/results (make tables) or say them"
+        " in words; lead a block of defaults, limits or samples with <!-- not measured: why -->"
+    )
 
 
 def test_typed_figures_are_found_unless_a_marker_says_why_not():
