@@ -177,6 +177,80 @@ def test_interactive_with_constraints_prints_fairseqs_hypotheses(trained_transfo
             assert f" {constraint} " in f" {text} ", (sentence_id, constraint, text)
 
 
+def _test_set_constraints(data: Path) -> list[str]:
+    """Constraints for each sentence of the toy test set (data/../test.en beside data): words of
+    its reference, one, two or a two-word phrase, none for every fourth, and for every
+    seventh a word it lacks."""
+    references = (data.parent / "test.en").read_text().splitlines()
+    constraints = []
+    for index, words in enumerate(line.split() for line in references):
+        if index % 4 == 3:
+            constraints.append("")
+        elif index % 7 == 6:
+            constraints.append(f"w39\t{words[0]}")
+        elif index % 3 == 0 and len(words) > 2:
+            constraints.append(f"{words[1]} {words[2]}\t{words[0]}")
+        else:
+            constraints.append(words[-1])
+    return constraints
+
+
+@pytest.mark.parametrize("order", ["ordered", "unordered"])
+@pytest.mark.parametrize(
+    "model", ["trained", "trained_transformer"], ids=["convs2s", "transformer"]
+)
+def test_generate_with_a_constraints_file_prints_fairseqs_constrained_hypotheses(
+    model, order, request, tmp_path
+):
+    """fairseq-generate --constraints through our task, the binarized test set's constraints
+    from --constraints-file, prints (H and P lines, scores at their printed precision) what
+    fairseq's own generator prints for the same sentences and constraints in
+    fairseq-interactive with fairseq's translation task."""
+    data, ckpt = request.getfixturevalue(model)
+    constraints = _test_set_constraints(data)
+    path = tmp_path / "test.constraints"
+    path.write_text("".join(c + "\n" for c in constraints))
+    common = ["--user-dir", "beamplugin", "--path", str(ckpt), "--beam", "4", "--cpu",
+              "--batch-size", "16", "--constraints", order]  # fmt: skip
+    ours = run_tool(
+        "fairseq-generate", str(data), *common, "--task", "beam_translation", "--gen-subset",
+        "test", "--constraints-file", str(path),
+    )  # fmt: skip
+    sources = (data.parent / "test.de").read_text().splitlines()
+    stdin = "".join(f"{s}\t{c}\n" if c else f"{s}\n" for s, c in zip(sources, constraints,
+                                                                      strict=True))  # fmt: skip
+    fairseq = run_tool(
+        "fairseq-interactive", str(data), *common, "--task", "translation", "-s", "de", "-t",
+        "en", "--buffer-size", "100", stdin=stdin,
+    )  # fmt: skip
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    assert sorted(mine) == sorted(reference) == list(range(N_TEST))
+    for sentence_id in reference:
+        assert_same_lines(
+            [line for line in mine[sentence_id] if line[0] in "HP"],
+            [line for line in reference[sentence_id] if line[0] in "HP"],
+        )
+    assert "served by fairseq's own" not in ours.stderr + ours.stdout
+    met = [all(f" {c} " in f" {mine[i][2][2]} " for c in wanted.split("\t"))
+           for i, wanted in enumerate(constraints) if wanted]  # fmt: skip
+    assert sum(met) >= 0.9 * len(met)  # the constraints were in force
+
+
+def test_a_constraints_file_of_another_length_is_refused_naming_it(trained, tmp_path):
+    data, ckpt = trained
+    path = tmp_path / "short.constraints"
+    path.write_text("w1\n")
+    out = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--path", str(ckpt), "--cpu", "--gen-subset", "test", "--constraints", "ordered",
+        "--constraints-file", str(path), check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert f"--constraints-file {path} has 1 lines for the split's {N_TEST} sentences" in (
+        out.stderr
+    )
+
+
 def test_hub_translate_of_a_transformer_decodes_with_our_generator_when_asked(
     trained_transformer, monkeypatch
 ):

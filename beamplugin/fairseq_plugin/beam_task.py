@@ -15,6 +15,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask
 
 from beamplugin.fairseq_plugin.batching import LosslessBatchingDataset
+from beamplugin.fairseq_plugin.constraints_file import with_constraints
 from beamplugin.fairseq_plugin.generation_stream import Batch, ReadAhead
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.interactive_input import (
@@ -84,6 +85,14 @@ class BeamSearchConfig(FairseqDataclass):
         default=False,
         metadata={"help": "the device engine's steps run one kernel at a time (to compare)"},
     )
+    constraints_file: Optional[str] = field(  # noqa: UP045 (fairseq reads typing.Optional only)
+        default=None,
+        metadata={
+            "help": "fairseq-generate --constraints: the constraints of --gen-subset's "
+            "sentences, line i those of sentence i, tab-separated, in the target's "
+            "preprocessed form (blank: none)"
+        },
+    )
     int8: bool = field(
         default=False,
         metadata={
@@ -134,6 +143,16 @@ class BeamSearchTask:
         if self._prefix_size > 0:
             return batch["target"][:, : self._prefix_size], None
         return None, None
+
+    def load_dataset(self, split: str, *args: Any, **kwargs: Any) -> None:
+        """fairseq's split, its sentences carrying their ``--constraints-file`` constraints if
+        one is given."""
+        super().load_dataset(split, *args, **kwargs)
+        path = getattr(self.beam_options, "constraints_file", None)
+        if path:
+            self.datasets[split] = with_constraints(
+                self.datasets[split], path, self.target_dictionary
+            )
 
     def get_batch_iterator(self, dataset: FairseqDataset, **kwargs: Any) -> Any:
         wrapped = self._lossless.get(id(dataset))
