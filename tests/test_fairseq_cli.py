@@ -177,6 +177,29 @@ def test_interactive_with_constraints_prints_fairseqs_hypotheses(trained_transfo
             assert f" {constraint} " in f" {text} ", (sentence_id, constraint, text)
 
 
+def test_interactive_refuses_a_line_whose_constraints_cannot_be_met_and_translates_the_rest(
+    trained_transformer,
+):
+    """A line whose constraints cannot fit in the maximum length, where fairseq's generator
+    fails the whole run: its E- line, exit status 3, and the other lines of its batch get what
+    fairseq's generator gives them without it."""
+    data, ckpt = trained_transformer
+    common = ["fairseq-interactive", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
+              "--beam", "4", "--cpu", "-s", "de", "-t", "en", "--buffer-size", "10",
+              "--batch-size", "3", "--constraints", "unordered", "--max-len-b", "6"]  # fmt: skip
+    lines = ["w1 w2 w3\tw3", "w5\tw1 w2 w3 w4 w5 w6 w7", "w7 w8\tw8", "w3 w2\tw2"]
+    ours = run_tool(*common, "--task", "beam_translation", stdin="\n".join(lines) + "\n",
+                    check=False)  # fmt: skip
+    good = [line for index, line in enumerate(lines) if index != 1]
+    fairseq = run_tool(*common, "--task", "translation", stdin="\n".join(good) + "\n")
+    assert ours.returncode == 3, ours.stderr[-2000:]
+    assert re.search(r"^E-1\t.*constraints of 7 tokens", ours.stdout, flags=re.M), ours.stdout
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    assert [line[0] for line in mine[1]] == ["S"]
+    for ours_id, fairseq_id in ((0, 0), (2, 1), (3, 2)):
+        assert_same_lines(mine[ours_id], reference[fairseq_id])
+
+
 def _test_set_constraints(data: Path) -> list[str]:
     """Constraints for each sentence of the toy test set (data/../test.en beside data): words of
     its reference, one, two or a two-word phrase, none for every fourth, and for every

@@ -192,7 +192,10 @@ class BeamSearchTask:
             and batches is not None
             and batches.is_current(sample)
         ):
-            return batches.start_stream(generator, self.decoder_prompts).hypotheses()
+            # fairseq-interactive's lines (read in buffers) are refused one by one, by id
+            lines = self._interactive_lines
+            refuse = lines.refuse_decoded if lines.lines_read else None
+            return batches.start_stream(generator, self.decoder_prompts).hypotheses(refuse)
         return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def filter_indices_by_size(
