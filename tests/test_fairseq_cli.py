@@ -218,10 +218,11 @@ def _test_set_constraints(data: Path) -> list[str]:
     return constraints
 
 
-@pytest.mark.parametrize("order", ["ordered", "unordered"])
+# each model and each order once (tests/test_constraints.py: the search's every combination)
 @pytest.mark.parametrize(
-    "model", ["trained", "trained_transformer"], ids=["convs2s", "transformer"]
-)
+    "model, order", [("trained", "ordered"), ("trained_transformer", "unordered")],
+    ids=["convs2s-ordered", "transformer-unordered"],
+)  # fmt: skip
 def test_generate_with_a_constraints_file_prints_fairseqs_constrained_hypotheses(
     model, order, request, tmp_path
 ):
