@@ -135,6 +135,7 @@ class BeamSearchTask:
         self._max_source_positions = self.max_line_tokens([])
         self._read_ahead: ReadAhead | None = None  # the batches handed out last
         self._prefix_size = 0
+        self._split_without_constraints: str | None = None  # fairseq-generate's, if so
 
     def decoder_prompts(self, batch: Batch) -> tuple[torch.Tensor | None, int | None]:
         """How the hypotheses of ``batch``'s sentences start: their forced prefixes
@@ -153,6 +154,8 @@ class BeamSearchTask:
             self.datasets[split] = with_constraints(
                 self.datasets[split], path, self.target_dictionary
             )
+        else:
+            self._split_without_constraints = split
 
     def get_batch_iterator(self, dataset: FairseqDataset, **kwargs: Any) -> Any:
         wrapped = self._lossless.get(id(dataset))
@@ -237,6 +240,12 @@ class BeamSearchTask:
     ) -> Any:
         self._prepare_for_input_lines(models)
         self._prefix_size = getattr(args, "prefix_size", 0) or 0
+        if getattr(args, "constraints", None) and self._split_without_constraints:
+            logger.warning(
+                "--constraints: the binarized split '%s' carries no constraints, so none are "
+                "met; --constraints-file gives them (docs/glossaries.md)",
+                self._split_without_constraints,
+            )
         options = self.beam_options
         precision = requested_precision(options.fp16, options.bf16, options.int8)
         if precision != "float32":

@@ -11,8 +11,8 @@ and keeps its place in the buffer as an empty tensor, which the dataset never ba
 encoded line holds at least EOS), so every other line keeps its id. The other lines are
 translated as usual. A line decoded but without a translation (its ``--constraints`` not met
 within the maximum length, where fairseq's generator fails the whole run) gets its ``E-`` line
-too (its ``S-`` line follows, without ``H-`` lines). When the input is done and some line was refused, the process exits
-with ``EXIT_LINES_REFUSED`` (see ``InteractiveLines``).
+too (its ``S-`` line follows, without ``H-`` lines). When the input is done and some line was
+refused, the process exits with ``EXIT_LINES_REFUSED`` (see ``InteractiveLines``).
 """
 
 from __future__ import annotations
