@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_products, int8_products, native_library, trials
-from beamplugin.kernels.float_products import Panels
+from beamplugin.kernels.float_products import Bf16Weights, Panels
 from beamplugin.kernels.int8_products import Int8Panels
 from beamplugin.kernels.trials import Trial
 
@@ -293,7 +293,9 @@ def packed_product(
     """``x @ W.T + bias`` (``x`` 2-D) on :func:`pack_weight`'s ``W``, then ``relu`` or plus
     ``residual``, in one call; then ``norm`` (in that call too on our kernel)."""
     if isinstance(packed, Panels):
-        in_call = packed.values.dtype == torch.float32 and norm is not None
+        # float32 products norm in their call; bfloat16 weights' with the same norm kernel after
+        float_rows = packed.values.dtype == torch.float32 or isinstance(packed, Bf16Weights)
+        in_call = float_rows and norm is not None
         if in_call and norm.weight is not None and norm.bias is not None:
             affine = (norm.weight, norm.bias, norm.eps)
             return float_products.product(x, packed, bias, residual, relu, affine)
@@ -357,15 +359,22 @@ class PreparedLinear(NamedTuple):
         return _normed(self._unfused(x).add_(other), norm)
 
     def on_our_kernels(self) -> bool:
-        """Whether our float32 or int8 kernel multiplies this weight (packed in its panels)."""
+        """Whether our float32, bfloat16-weight or int8 kernel multiplies this weight, on
+        float32 activations (packed in its panels)."""
         if self.int8 is not None:
             return self.int8.panels is not None
-        return isinstance(self.packed, Panels) and self.packed.values.dtype == torch.float32
+        packed = self.packed
+        return isinstance(packed, Bf16Weights) or (
+            isinstance(packed, Panels) and packed.values.dtype == torch.float32
+        )
 
     def _on_packed(self, x: Tensor) -> bool:
-        """Whether ``x`` (2-D) goes through the packed weight (no int8, same dtype, inference)."""
+        """Whether ``x`` (2-D) goes through the packed weight (no int8, the dtype it multiplies,
+        inference)."""
         if self.packed is None or self.int8 is not None or torch.is_grad_enabled():
             return False
+        if isinstance(self.packed, Bf16Weights):
+            return x.dtype == torch.float32
         values = self.packed.values if isinstance(self.packed, Panels) else self.packed
         return x.dtype == values.dtype
 
@@ -404,21 +413,36 @@ def prepare_linear(
     int8: bool = False,
     keep_weight: bool = True,
     read: Callable[[Tensor], object] | None = None,
+    bf16: bool = False,
 ) -> PreparedLinear:
     """``weight`` and ``bias`` (detached) ready for products without autograd; with ``int8``,
     a weight of at least ``INT8_MIN_WEIGHTS`` elements is multiplied in int8 (``read`` as
-    :func:`pack_int8`'s). Without ``keep_weight`` the plain weight is not kept where our
-    kernels multiply it (a copy made for them, as stacked projections are)."""
+    :func:`pack_int8`'s); with ``bf16``, a float32 weight on the CPU in bfloat16 on our kernel
+    where it runs (:func:`packs_bf16_weights`). Without ``keep_weight`` the plain weight is not
+    kept where our kernels multiply it (a copy made for them, as stacked projections are)."""
     weight = weight.detach()
     bias = None if bias is None else bias.detach()
     if int8 and weight.numel() >= INT8_MIN_WEIGHTS:
         prepared = PreparedLinear(weight, bias, None, pack_int8(weight, bias, read))
+    elif bf16 and packs_bf16_weights(weight):
+        prepared = PreparedLinear(weight, bias, float_products.pack_bf16_weights(weight), None)
     else:
         on_packed = weight.device.type == "cpu" and weight.dtype in packed_dtypes()
         prepared = PreparedLinear(weight, bias, pack_weight(weight) if on_packed else None, None)
     if keep_weight or not prepared.on_our_kernels():
         return prepared
     return prepared._replace(weight=None)
+
+
+def packs_bf16_weights(weight: Tensor) -> bool:
+    """Whether ``--bf16`` packs ``weight`` in bfloat16 for float32 activations
+    (beamplugin.kernels.float_products.Bf16Weights): float32, on the CPU, where our kernel runs
+    (AVX512-BF16)."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and float_products.bf16_weights_available()
+    )
 
 
 def columns_of(prepared: PreparedLinear, weight: Tensor, columns: Tensor) -> PreparedLinear:
@@ -458,7 +482,9 @@ class InferenceCache(nn.Module):
         super().__init__(*args, **kwargs)  # the module's own arguments (nn.Linear's)
         self._cache: dict[str, Tensor | None] = {}
         self._cache_key: tuple[tuple[int, int], ...] | None = None
-        self.int8_products = False  # set by beamplugin.fairseq_plugin.precision.cast_for_decoding
+        # set by beamplugin.fairseq_plugin.precision.cast_for_decoding
+        self.int8_products = False
+        self.bf16_products = False  # float32 activations on bfloat16 weights (--bf16)
 
     def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
         """``make()``, computed once while the module's parameters are unchanged."""
@@ -488,8 +514,22 @@ class InferenceCache(nn.Module):
         if self.multiplies_in_int8(weight):
             packed = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
             return int8_linear(x, packed)
+        if self._multiplies_in_bf16(x, weight):
+            packed = self.cached(f"{name} bf16", lambda: float_products.pack_bf16_weights(weight))
+            out = float_products.product(x.reshape(-1, x.size(-1)), packed, bias)
+            return out.view(*x.shape[:-1], weight.size(0))
         return linear(
             x, weight, bias, lambda: self.cached(f"{name} packed", lambda: pack_weight(weight))
+        )
+
+    def _multiplies_in_bf16(self, x: Tensor, weight: Tensor) -> bool:
+        """Whether :meth:`product` multiplies float32 ``x`` on ``weight`` in bfloat16 (--bf16
+        on, our kernel here, no autograd)."""
+        return (
+            self.bf16_products
+            and x.dtype == torch.float32
+            and not torch.is_grad_enabled()
+            and packs_bf16_weights(weight)
         )
 
     def columns_product(
@@ -501,6 +541,9 @@ class InferenceCache(nn.Module):
         if self.multiplies_in_int8(weight):
             int8 = self.cached(f"{name} int8", lambda: pack_int8(weight, bias))
             whole = PreparedLinear(weight, bias, None, int8)
+        elif self._multiplies_in_bf16(x, weight):
+            packed = self.cached(f"{name} bf16", lambda: float_products.pack_bf16_weights(weight))
+            whole = PreparedLinear(weight, bias, packed, None)
         elif uses_packed_products(x, weight):
             packed = self.cached(f"{name} packed", lambda: pack_weight(weight))
             whole = PreparedLinear(weight, bias, packed, None)
