@@ -7,7 +7,9 @@ words), each decoded by our generator (beam 5) in float32, with ``--bf16`` and w
 (beamplugin.fairseq_plugin.precision.cast_for_decoding: its load-time trial included, so where
 bfloat16 loses it decodes in float32 and shows x1.00). Every hypothesis is decoded to the same
 length (min_len = max_len), so that each precision does the same work. Interleaved rounds; the
-fastest round of each system is kept (other work on a shared machine only adds time).
+fastest round of each system is kept (other work on a shared machine only adds time). With one
+thread every time is the process's CPU time, which a loaded machine's preemptions leave out
+(wall time otherwise).
 
 Kernels: our float32 rows on bfloat16 weights (beamplugin.kernels.float_products.Bf16Weights)
 against our float32 product and oneDNN's bfloat16 matmul (torch's, on its packed weight,
@@ -57,20 +59,21 @@ MODELS = {
 }
 PRECISIONS = ["float32", "bf16", "int8"]
 SOURCE_LENGTH, TARGET_LENGTH = 20, 16
+clock = time.perf_counter  # time.process_time with one thread (main)
 
 
 def fastest(run: Callable[[], object], seconds: float = 0.004, rounds: int = 7) -> float:
     """Microseconds a call: the fastest of ``rounds`` rounds of about ``seconds`` each."""
     run()
-    start = time.perf_counter()
+    start = clock()
     run()
-    calls = max(1, int(seconds / max(time.perf_counter() - start, 1e-7)))
+    calls = max(1, int(seconds / max(clock() - start, 1e-7)))
     best = float("inf")
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             run()
-        best = min(best, (time.perf_counter() - start) / calls)
+        best = min(best, (clock() - start) / calls)
     return best * 1e6
 
 
@@ -187,10 +190,10 @@ def decode_rows(names: list[str], sizes: list[int], repeats: int) -> list[dict]:
                     generator.generate(None, work[0])  # warm: packing, first allocations
                 for _ in range(repeats):
                     for precision, generator in generators.items():
-                        start = time.perf_counter()
+                        start = clock()
                         for sample in work:
                             generator.generate(None, sample)
-                        seconds = time.perf_counter() - start
+                        seconds = clock() - start
                         best[precision] = min(best.get(precision, seconds), seconds)
             speeds = {p: sentences / s for p, s in best.items()}
             rows.append(dict(model=name, batch=batch, speeds=speeds))
@@ -283,9 +286,12 @@ def main() -> None:
     parser.add_argument("--results", help="append JSON-lines records to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.threads == 1:
+        global clock
+        clock = time.process_time
     about = machine(args.threads)
     print(f"# torch {torch.__version__}, {about['device']}; flags {about['cpu_flags']}; "
-          f"our kernels {about['kernels']}")  # fmt: skip
+          f"our kernels {about['kernels']}; times: {clock.__name__}")  # fmt: skip
     if not float_products.bf16_weights_available():
         print("# no AVX512-BF16 here (or our kernels off): --bf16 decodes in float32")
     kernels: list[dict] = []
