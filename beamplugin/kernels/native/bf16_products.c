@@ -156,6 +156,14 @@ static inline __attribute__((always_inline)) void weight_tile(
     for (int i = 0; i < rows; i++) {
         acc[i][0] = _mm512_setzero_ps();
         acc[i][1] = _mm512_setzero_ps();
+        /* the outputs' lines asked for while the sums run: a batch's wide output (320 rows of
+         * an 8000-word projection, 10 MB) is not in cache, and its stores waited on them */
+        __builtin_prefetch(y + i * ldy, 1, 3);
+        __builtin_prefetch(y + i * ldy + 16, 1, 3);
+        if (residual) {
+            __builtin_prefetch(residual + i * ldr, 0, 3);
+            __builtin_prefetch(residual + i * ldr + 16, 0, 3);
+        }
     }
     for (int64_t g = 0; g < pairs; g++) {
         const uint16_t *w = panel + g * 64;
