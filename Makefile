@@ -42,6 +42,7 @@ test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /us
 # beside the other engine: its host time a step, watched without a GPU.
 bench: $(BIN)/.installed
 	$(BIN)/python scripts/bench_kernels.py --threads 1
+	$(BIN)/python benchmarks/bf16.py --threads 1 --parts kernels
 	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_roofline.py $(or $(ARGS),--random --batch-sizes 1 64)
 	$(BIN)/python scripts/bench_precision.py --precisions bf16 int8 $(or $(ARGS),--random \
