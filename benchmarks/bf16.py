@@ -16,22 +16,19 @@ against our float32 product and oneDNN's bfloat16 matmul (torch's, on its packed
 bfloat16 rows) at the transformers' shapes: microseconds a call, GFLOPS, and the share of one
 core's bfloat16 peak (benchmarks/bf16_peak.c: independent chains of vdpbf16ps).
 
-    python benchmarks/bf16.py --threads 1 --results benchmarks/results/cpu-avx512.jsonl
-    python benchmarks/bf16.py --parts kernels       # make bench's bfloat16 kernel rows
+    python -m benchmarks.bf16 --threads 1 --results benchmarks/results/cpu-avx512.jsonl
+    python -m benchmarks.bf16 --parts kernels       # make bench's bfloat16 kernel rows
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
-import json
 import os
 import subprocess
 import sys
 import time
 from argparse import Namespace
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,7 +43,8 @@ from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.kernels import float_products, instruction_sets, native_library
 from beamplugin.models.convs2s import ConvS2SModel
-from beamplugin.modules import linear
+from beamplugin.modules import packed_weights
+from benchmarks import common
 
 # (out, in): the demo transformer's fc1 and output projection, then a base transformer's
 SHAPES = [(1024, 256), (8000, 256), (2048, 512), (32000, 512)]
@@ -61,19 +59,9 @@ SOURCE_LENGTH, TARGET_LENGTH = 20, 16
 clock = time.perf_counter  # time.process_time with one thread (main)
 
 
-def fastest(run: Callable[[], object], seconds: float = 0.004, rounds: int = 7) -> float:
-    """Microseconds a call: the fastest of ``rounds`` rounds of about ``seconds`` each."""
-    run()
-    start = clock()
-    run()
-    calls = max(1, int(seconds / max(clock() - start, 1e-7)))
-    best = float("inf")
-    for _ in range(rounds):
-        start = clock()
-        for _ in range(calls):
-            run()
-        best = min(best, (clock() - start) / calls)
-    return best * 1e6
+def fastest(run: Any) -> float:
+    """Microseconds a call (benchmarks.common.fastest, on :data:`clock`)."""
+    return common.fastest(run, clock=clock)
 
 
 def bf16_peak_gflops() -> float:
@@ -94,9 +82,9 @@ def bf16_peak_gflops() -> float:
     peak.dpbf16_chains.restype = ctypes.c_float
     steps, best = 200_000, 0.0
     for _ in range(40):
-        start = time.perf_counter()
+        start = clock()
         peak.dpbf16_chains(steps, 0.5)
-        best = max(best, 64 * 12 * steps / (time.perf_counter() - start) / 1e9)
+        best = max(best, 64 * 12 * steps / (clock() - start) / 1e9)
     return best
 
 
@@ -107,14 +95,16 @@ def kernel_rows(peak: float) -> list[dict]:
     for out, inner in SHAPES:
         weight = torch.randn(out, inner) / inner**0.5
         ours, float32 = float_products.pack_bf16_weights(weight), float_products.pack(weight)
-        onednn = linear._onednn_pack(weight.bfloat16(), None)
+        onednn = packed_weights.onednn_layout(weight.bfloat16())
         for count in ROWS:
             x = torch.randn(count, inner)
             flops = 2 * count * out * inner
             times = {
                 "ours bf16": fastest(partial(float_products.product, x, ours, None)),
                 "ours float32": fastest(partial(float_products.product, x, float32, None)),
-                "oneDNN bf16": fastest(partial(linear.packed_product, x.bfloat16(), onednn, None)),
+                "oneDNN bf16": fastest(
+                    partial(packed_weights.packed_product, x.bfloat16(), onednn, None)
+                ),
             }
             rows.append(dict(shape=(out, inner), rows=count, flops=flops, times=times,
                              share=flops / times["ours bf16"] / 1e3 / peak if peak else None))
@@ -203,45 +193,20 @@ def decode_rows(names: list[str], sizes: list[int], repeats: int) -> list[dict]:
 
 
 def machine(threads: int) -> dict[str, Any]:
-    model, flags = "unknown CPU", frozenset()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                    break
-    except OSError:
-        pass
-    flags = instruction_sets.cpu_features()
-    shown = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-    kernels = native_library.built_for("products")
+    """benchmarks.common.machine, the kernels naming our bfloat16 one where it runs."""
+    about = common.machine(threads=threads)
     if float_products.bf16_weights_available():
-        kernels += ", bf16 avx512_bf16"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
-    return dict(
-        device=f"{model}, {os.cpu_count()} virtual cores, {threads} thread(s)",
-        cpu_flags=" ".join(f for f in shown if f in flags),
-        kernels=kernels,
-        commit=commit or None,
-        date=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
-        host_cpu=None,
-    )
+        about["kernels"] += ", bf16 avx512_bf16"
+    return about
 
 
 def record(table: str, row: str, what: str, system: str, **fields: Any) -> dict:
-    base = dict(table=table, row=row, what=what, system=system, model=None, precision=None,
-                batch=None, sentences_per_s=None, tokens_per_s=None, ms_per_step=None,
-                peak_mib=None, ratio=None, same_as_reference=None)  # fmt: skip
-    return {**base, **fields}
+    return common.record(table=table, row=row, what=what, system=system, **fields)
 
 
 def records(kernels: list[dict], decodes: list[dict], args: Namespace) -> list[dict]:
-    isa = instruction_sets.chosen()
-    table = f"cpu-{isa.name if isa else 'off'}"
-    common = dict(machine(args.threads), command="python benchmarks/bf16.py " + " ".join(
-        sys.argv[1:]).replace(f"--results {args.results}", "").strip())  # fmt: skip
+    table = common.table_name()
+    where = dict(machine(args.threads), command=common.command_line())
     out = []
     for k in kernels:
         out_f, in_f = k["shape"]
@@ -253,12 +218,12 @@ def records(kernels: list[dict], decodes: list[dict], args: Namespace) -> list[d
                           share_of_peak=None if k["share"] is None else round(k["share"], 3),
                           ratio={"against": "oneDNN bf16",
                                  "value": round(t["oneDNN bf16"] / t["ours bf16"], 2)},
-                          **common))  # fmt: skip
+                          **where))  # fmt: skip
         for system in ("oneDNN bf16", "ours float32"):
             precision = "bf16" if "bf16" in system else "float32"
             us = round(t[system], 1)
             out.append(record(table, row, what, system, model="products", precision=precision,
-                              batch=k["rows"], us_per_call=us, **common))  # fmt: skip
+                              batch=k["rows"], us_per_call=us, **where))  # fmt: skip
     for d in decodes:
         slug = d["model"].split()[0] + "-" + d["model"].split()[1]
         row = f"bf16-{slug}-b{d['batch']}"
@@ -270,7 +235,7 @@ def records(kernels: list[dict], decodes: list[dict], args: Namespace) -> list[d
                 ratio = {"against": "ours float32", "value": round(speed / base, 2)}
             out.append(record(table, row, what, f"ours {precision}", model=d["model"],
                               precision=precision, batch=d["batch"],
-                              sentences_per_s=round(speed, 1), ratio=ratio, **common))  # fmt: skip
+                              sentences_per_s=round(speed, 1), ratio=ratio, **where))  # fmt: skip
     return out
 
 
@@ -282,15 +247,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
-    parser.add_argument("--results", help="append JSON-lines records to this file")
+    common.add_results_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.threads == 1:
         global clock
         clock = time.process_time
     about = machine(args.threads)
-    print(f"# torch {torch.__version__}, {about['device']}; flags {about['cpu_flags']}; "
-          f"our kernels {about['kernels']}; times: {clock.__name__}")  # fmt: skip
+    print(f"# torch {torch.__version__}, {common.cpu_description()}; {about['device']}; our "
+          f"kernels {about['kernels']}; times: {clock.__name__}")  # fmt: skip
     if not float_products.bf16_weights_available():
         print("# no AVX512-BF16 here (or our kernels off): --bf16 decodes in float32")
     kernels: list[dict] = []
@@ -319,10 +284,7 @@ def main() -> None:
                 else f"{'-':>16}" for p in PRECISIONS
             )  # fmt: skip
             print(f"{d['model']:<26}{d['batch']:>6}{cells}")
-    if args.results:
-        with open(args.results, "a", encoding="utf-8") as results:
-            for entry in records(kernels, decodes, args):
-                results.write(json.dumps(entry) + "\n")
+    common.append_records(args.results, records(kernels, decodes, args))
 
 
 if __name__ == "__main__":
