@@ -3,8 +3,8 @@
 # (x86-64-v3 = AVX2 + FMA, x86-64-v4 = AVX-512 with VNNI and BF16) and counts, per kernel and
 # level, the fused multiply-adds (and bfloat16 vdpbf16ps) whose operand or result lives on the
 # stack: in an inner loop each one is a spilled accumulator (the kernel then runs at a fraction
-# of the CPU's speed). It also shows
-# GCC's -Wpsabi warning, which appears when a vector type is wider than the level's registers.
+# of the CPU's speed). It also shows GCC's -Wpsabi warning, which appears when a vector type
+# is wider than the level's registers.
 # Usage: benchmarks/isa_check.sh [PROJECT_ROOT], or make isa-check (a line per kernel and level; exits 0)
 root=${1:-.}
 src=$(find "$root/beamplugin" -path '*/native/*.c' 2>/dev/null | sort)
