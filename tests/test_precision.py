@@ -47,13 +47,15 @@ needs_bf16 = pytest.mark.skipif(
 )
 
 
-# where our kernel runs, --bf16 keeps float32 activations (and logits) on bfloat16 weights
-ACTIVATIONS = torch.float32 if float_products.bf16_weights_available() else torch.bfloat16
+def activations() -> torch.dtype:
+    """What --bf16's models compute in with this process's kernels: float32 on bfloat16 weights
+    where our kernel runs, else bfloat16."""
+    return torch.float32 if float_products.bf16_weights_available() else torch.bfloat16
 
 
 def in_bf16(model: torch.nn.Module) -> torch.nn.Module:
     model = copy.deepcopy(model)
-    assert cast_for_decoding([model], "bf16") == ACTIVATIONS
+    assert cast_for_decoding([model], "bf16") == activations()
     return model
 
 
@@ -70,7 +72,7 @@ def test_bf16_translations_equal_float32_on_most_sentences(vocab, arch):
     options = dict(beam_size=5, max_len_b=20)
     reference = SequenceGenerator([model], vocab, **options).generate(None, sample)
     half = in_bf16(model)
-    assert next(half.parameters()).dtype == ACTIVATIONS
+    assert next(half.parameters()).dtype == activations()
     out = SequenceGenerator([half], vocab, **options).generate(None, sample)
     same = [
         (r[0], o[0])
@@ -98,7 +100,7 @@ def test_search_reads_float32_log_probs_and_picks_as_fairseq(vocab, convs2s):
         encoder_outs = gen.model.encode(net_input)
         lprobs, _ = gen.model.decode_step(tokens, encoder_outs, [{}], temperature=1.0)
         logits, _ = half.decoder(tokens, encoder_out=encoder_outs[0], incremental_state={})
-    assert logits.dtype == ACTIVATIONS and lprobs.dtype == torch.float32
+    assert logits.dtype == activations() and lprobs.dtype == torch.float32
     assert torch.equal(lprobs, F.log_softmax(logits[:, -1].float(), dim=-1))
     g = torch.Generator().manual_seed(4)
     for beam, step in [(1, 0), (4, 0), (4, 3), (3, 7)]:
@@ -207,7 +209,7 @@ def test_bf16_decodes_in_float32_where_its_trial_finds_it_slower(vocab, kernels_
     _cast_and_decode(model, vocab, sample, caplog)
     (kept,) = tmp_path.glob(f"trials/*/{precision.BF16_TRIAL}-*.txt")
     for verdict, dtype, said in [("torch 1.500 1.400 1.600", torch.float32, 1),
-                                 ("ours 0.700 0.600 0.800", ACTIVATIONS, 0)]:  # fmt: skip
+                                 ("ours 0.700 0.600 0.800", activations(), 0)]:  # fmt: skip
         kept.write_text(verdict + "\n")
         native_library.forget()  # a later process: it reads the verdict, times nothing
         cast_dtype, out, fallbacks = _cast_and_decode(model, vocab, sample, caplog)
