@@ -2,16 +2,16 @@
 own kernel (beamplugin.kernels.float_products), half precisions through oneDNN's matmul; the
 packing, and the load-time trial of ours against torch's at each weight's shape.
 
-On CPU, ``F.linear`` runs float32 products through MKL, which on the AMD EPYC we measured is
-1.6-2.4 times slower than oneDNN's matmul from 5 rows up, at every shape of these models
-(``python -m benchmarks.kernels --kernels paths``; docs/speed.md), and picks other kernels for 1
-to 3 rows, so a row's result would depend on how many rows share its product. oneDNN's matmul in
-turn costs about 12 us a call whatever its size, most of a decoder step's product at a few rows;
-our kernel is called in about 1 us and is as fast as oneDNN from about 40 rows. Both give a row
-the same bits whatever rows are beside it, which makes a sentence decode bit for bit the same
-alone or batched, and differ from ``F.linear`` only in rounding (about 1e-6 relative). Where our
-kernel cannot be built (no C compiler), float32 takes oneDNN's matmul too. Training keeps
-``F.linear``: neither has an autograd formula.
+On CPU, ``F.linear`` runs float32 products through MKL, which on the AMD EPYC we measured is 1.6-2.4
+times slower than oneDNN's matmul from 5 rows up, at every shape of these models (``python -m
+benchmarks.kernels --kernels paths``; docs/speed.md), and picks other kernels for 1 to 3 rows, so a
+row's result would depend on how many rows share its product. oneDNN's matmul in turn costs about 12
+us a call whatever its size, most of a decoder step's product at a few rows; our kernel is called in
+about 1 us and is as fast as oneDNN from about 40 rows. Both give a row the same bits whatever rows
+are beside it, which makes a sentence decode bit for bit the same alone or batched, and differ from
+``F.linear`` only in rounding (about 1e-6 relative). Where our kernel cannot be built (no C
+compiler), float32 takes oneDNN's matmul too. Training keeps ``F.linear``: neither has an autograd
+formula.
 
 Given a plain weight, oneDNN lays it out in its blocked format on every product: a read and a
 write of the whole weight on top of the product's own read. Modules keep a packed copy instead
