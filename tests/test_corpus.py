@@ -24,7 +24,7 @@ from corpus_tools import (
     translate_command,
     write_corpus,
 )
-from fairseq_tools import run_tool
+from fairseq_tools import run_tool, toy_sentence_pairs
 from server_tools import shared_toy_model
 
 from beamplugin.corpus.cli import main
@@ -59,13 +59,14 @@ def local_run(toy, corpus, tmp_path_factory):
     return done, output
 
 
-def interactive_best(toy: dict[str, Path], lines: list[bytes]) -> dict[int, str]:
-    """fairseq-interactive's best D- text by line (from 0), on the same model and options."""
+def interactive_best(toy: dict[str, Path], lines: list[bytes], *extra: str) -> dict[int, str]:
+    """fairseq-interactive's best D- text by line (from 0), on the same model and options (and
+    ``extra``)."""
     out = run_tool(
         "fairseq-interactive", str(toy["data"]), "--user-dir", "beamplugin", "--task",
         "beam_translation", "--path", str(toy["checkpoint"]), "--bpe", "sentencepiece",
         "--sentencepiece-model", str(toy["spm"]), "-s", "de", "-t", "en", "--beam", "5",
-        "--buffer-size", "64", "--batch-size", "64",
+        "--buffer-size", "64", "--batch-size", "64", *extra,
         stdin=b"".join(line + b"\n" for line in lines).decode("utf-8", "surrogateescape"),
         check=False,
     ).stdout  # fmt: skip
@@ -139,6 +140,40 @@ def test_a_killed_job_started_again_translates_only_the_blocks_not_done(
     assert manifest.read_bytes().endswith(b"\n")
     assert outputs(output) == outputs(reference)
     assert main(translate_command(toy, corpus, output, "--beam", "2")[1:]) == 2
+
+
+GLOSSARY = {"hund": "cat", "frau": "bird", "oft": "today"}
+
+
+def test_a_glossary_puts_each_lines_terms_in_as_interactive_constraints_do(toy, tmp_path, capsys):
+    """--glossary with --constraints ordered: each line translated as fairseq-interactive
+    --constraints ordered translates it with the targets of the terms found in it after tabs
+    (in the order found); the summary counts the terms; a changed glossary is another job."""
+    lines = [de.encode() for de, _ in toy_sentence_pairs(40, 5)]
+    source = tmp_path / "g.de"
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("".join(f"{s}\t{t}\n" for s, t in GLOSSARY.items()))
+    command = translate_command(toy, [source], tmp_path / "out", "--block-lines", "16",
+                                "--constraints", "ordered", "--glossary", str(glossary))
+    assert main(command[1:]) == 0
+    summary = capsys.readouterr().out
+    targets = [[GLOSSARY[w] for w in dict.fromkeys(line.decode().split()) if w in GLOSSARY]
+               for line in lines]  # fmt: skip
+    assert sum(map(len, targets)) > 10 and not all(targets)
+    assert f"glossary: {sum(map(len, targets))} terms applied" in summary
+    stdin = [b"\t".join([line, *(t.encode() for t in found)]) for line, found in
+             zip(lines, targets, strict=True)]  # fmt: skip
+    expected = interactive_best(toy, stdin, "--constraints", "ordered")
+    ours = (tmp_path / "out" / "g.de.en").read_text().splitlines()
+    assert ours == [expected[i] for i in range(len(lines))]
+    for text, found in zip(ours, targets, strict=True):
+        assert all(target in text.split() for target in found), (text, found)
+    glossary.write_text("hund\tbird\n")
+    assert main(command[1:]) == 2  # the manifest's job had another glossary
+    with pytest.raises(SystemExit):
+        main(translate_command(toy, [source], tmp_path / "x", "--glossary", str(glossary))[1:])
+    assert "--glossary needs --constraints" in capsys.readouterr().err
 
 
 def wait_for(condition, timeout: float) -> None:

@@ -1,7 +1,9 @@
 """A block of raw lines in, its translations out: the server's translator (the models, tokenizer
 and BPE set up from fairseq-interactive's options, one stream with continuous batching), one per
 worker, fed block after block. Several blocks may be translated at once from different threads:
-their sentences share the stream, so the next block fills the engine while one finishes.
+their sentences share the stream, so the next block fills the engine while one finishes. With a
+glossary, the terms found in a line put their targets in its translation as the server's
+glossaries do (beamplugin.serving.glossary), and are counted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from torch import Tensor
 
 from beamplugin.corpus.inputs import split_lines
 from beamplugin.fairseq_plugin.line_input import RefusedLine
+from beamplugin.search.constraints import Constraints
+from beamplugin.serving.glossary import constraints_of
 from beamplugin.serving.translator import Translator
 
 # Sentences that may wait in front of the engine; a block's submits block beyond that.
@@ -42,13 +46,17 @@ class BlockResult:
     worker_busy: float  # seconds during which it translated at least one block
     worker_cpu: float  # CPU seconds of its process (all threads) since its models were loaded
     peak_rss: int  # bytes
+    terms_applied: int = 0  # glossary terms found in the block's lines (each once a line)
 
 
 class BlockTranslator:
-    """The models of ``cfg`` (fairseq-interactive's options) translating blocks."""
+    """The models of ``cfg`` (fairseq-interactive's options) translating blocks, under
+    ``glossary``'s (source, target) terms if any (ValueError for a term the model cannot
+    match or write)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
+    def __init__(self, cfg: DictConfig, glossary: list[tuple[str, str]] | None = None) -> None:
         self.translator = Translator(cfg, MAX_QUEUED, in_process=True)
+        self.glossary = self.translator.glossary(glossary) if glossary else None
         # -s/-t's pair (a multilingual model's language tokens for it), as fairseq-interactive
         self.pair = self.translator.languages.default
         self.prompt = self.translator.prompt(self.pair)
@@ -63,12 +71,12 @@ class BlockTranslator:
         self._started()
         started = time.perf_counter()
         lines = split_lines(data)
-        pending, rejected = self._submit(lines)
+        pending, rejected, terms = self._submit(lines)
         texts = [""] * len(lines)
         for index, source, future in pending:
             try:
                 hypotheses = future.result()
-            except ValueError as error:  # too long for the engine's capacity
+            except ValueError as error:  # too long for the engine, or its constraints
                 rejected.append((index, str(error)))
                 continue
             texts[index] = self.translator.render(source, hypotheses[:1], self.pair)[0].text
@@ -78,26 +86,32 @@ class BlockTranslator:
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         output = "".join(text + "\n" for text in texts).encode("utf-8")
         return BlockResult(
-            output, sorted(rejected), self.name, seconds, worker_lines, busy, cpu, peak_rss
+            output, sorted(rejected), self.name, seconds, worker_lines, busy, cpu, peak_rss, terms
         )
 
     def _submit(
         self, lines: list[bytes]
-    ) -> tuple[list[tuple[int, Tensor, Future]], list[tuple[int, str]]]:
+    ) -> tuple[list[tuple[int, Tensor, Future]], list[tuple[int, str]], int]:
         """Each line encoded and submitted to the stream (waiting while its queue is full), or
-        refused: (index, source tokens, future), and (index, reason)."""
-        pending, rejected = [], []
+        refused: (index, source tokens, future), (index, reason), and the glossary terms
+        found in the lines submitted."""
+        pending, rejected, terms = [], [], 0
         stream, (prefix, bos) = self.translator.stream, self.prompt
         for index, raw in enumerate(lines):
+            text = raw.decode("utf-8", "surrogateescape")
             try:
-                source = self.translator.encode_line(
-                    raw.decode("utf-8", "surrogateescape"), self.pair
-                )
+                source = self.translator.encode_line(text, self.pair)
             except RefusedLine as refusal:
                 rejected.append((index, refusal.reason))
                 continue
-            pending.append((index, source, stream.submit(source, prefix_tokens=prefix, bos=bos)))
-        return pending, rejected
+            constraints: Constraints | None = None
+            if self.glossary is not None:
+                found = self.glossary.find(self.translator.pieces(text))
+                terms += len(found)
+                constraints = constraints_of(found) or None
+            future = stream.submit(source, prefix_tokens=prefix, bos=bos, constraints=constraints)
+            pending.append((index, source, future))
+        return pending, rejected, terms
 
     def _started(self) -> None:
         with self._lock:

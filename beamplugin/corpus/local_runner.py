@@ -13,10 +13,11 @@ from beamplugin.corpus.inputs import Block
 
 
 class LocalRunner:
-    """The models of ``cfg`` loaded in this process, translating blocks."""
+    """The models of ``cfg`` loaded in this process, translating blocks (under ``glossary``'s
+    terms, if any)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self._translator = BlockTranslator(cfg)
+    def __init__(self, cfg: DictConfig, glossary: list[tuple[str, str]] | None = None) -> None:
+        self._translator = BlockTranslator(cfg, glossary)
         self.workers_alive = 1
 
     def run(self, blocks: Iterator[Block]) -> Iterator[tuple[Block, BlockResult]]:
