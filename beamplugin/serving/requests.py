@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docx
+import odfdo
 from aiohttp import web
 from docx.document import Document as DocxDocument
 from docx.table import _Cell
@@ -136,15 +137,17 @@ class LibreRequest:
 
 
 # LibreTranslate's file formats this server translates, each read as what it holds
-FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt", ".docx": "docx"}
+FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt", ".docx": "docx",
+                ".odt": "odt"}  # fmt: skip
 SAFE_NAME = re.compile(r"[^\w.-]+", re.ASCII)  # a name for a URL and a header
 
 
 @dataclass(frozen=True)
 class FileRequest:
     """``POST /translate_file``: the uploaded ``file``, ``data``, in ``format`` ("text",
-    "html", "srt" or "docx", by its extension) to translate in ``pair``; ``text`` what it says
-    (for a .docx, its paragraphs' text, a line each); ``name`` its name made safe for a URL."""
+    "html", "srt", "docx" or "odt", by its extension) to translate in ``pair``; ``text`` what
+    it says (for a .docx or .odt, its paragraphs' text, a line each); ``name`` its name made
+    safe for a URL."""
 
     name: str
     format: str
@@ -164,7 +167,8 @@ class FileRequest:
                                f"translated; these are: {', '.join(FILE_FORMATS)}")  # fmt: skip
         data = upload.file.read()
         text_format = FILE_FORMATS[extension]
-        text = _docx_text(data) if text_format == "docx" else _utf8(data)
+        read = {"docx": _docx_text, "odt": _odt_text}.get(text_format, _utf8)
+        text = read(data)
         if not text.strip():
             raise Refused(400, "'file' is empty: there is nothing to translate")
         detected = html.unescape(MARKUP.sub(" ", text)) if text_format == "html" else text
@@ -187,6 +191,24 @@ def _docx_text(data: bytes) -> str:
     except Exception as error:  # a zip or XML error, or a zip that is not a document
         raise Refused(400, f"'file' is not a .docx document: {error}") from None
     return "\n".join(paragraph.text for paragraph in docx_paragraphs(document))
+
+
+def _odt_text(data: bytes) -> str:
+    """The text of an .odt's paragraphs and headings, a line each, or 400 if it is not one."""
+    try:
+        document = odfdo.Document(io.BytesIO(data))
+        kind = document.get_type()
+    except Exception:  # odfdo's errors on garbage say little: a TypeError, a KeyError
+        raise Refused(400, "'file' is not an OpenDocument text (.odt)") from None
+    if kind != "text":
+        raise Refused(400, f"'file' is not an OpenDocument text (.odt): it holds a {kind}")
+    return "\n".join(str(paragraph).rstrip("\n") for paragraph in odt_paragraphs(document))
+
+
+def odt_paragraphs(document: odfdo.Document) -> list[odfdo.Element]:
+    """The paragraphs and headings of an .odt's text, in document order (nested ones too: a
+    table cell's, a note's, a text frame's)."""
+    return list(document.body.get_elements("descendant::text:p | descendant::text:h"))
 
 
 def docx_paragraphs(document: DocxDocument) -> list[Paragraph]:
