@@ -44,7 +44,13 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus = parser.add_argument_group("Corpus")
     corpus.add_argument(
         "--input", dest="inputs", nargs="+", required=True, metavar="FILE",
-        help="text files, one sentence a line, plain or gzip; a quoted glob matches several",
+        help="text files, one sentence a line (a document a line with --split-sentences), "
+        "plain or gzip; a quoted glob matches several",
+    )  # fmt: skip
+    corpus.add_argument(
+        "--split-sentences", action="store_true",
+        help="each line is a document: cut into sentences as the server cuts a text, each "
+        "translated alone, the line put back together with its own blanks",
     )  # fmt: skip
     corpus.add_argument(
         "--output", required=True, metavar="DIR",
@@ -108,12 +114,12 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_runner(args: argparse.Namespace, cfg: DictConfig) -> Runner:
     if args.ray is None:
-        return LocalRunner(cfg)
+        return LocalRunner(cfg, args.split_sentences)
     if not (args.ray or os.environ.get("RAY_ADDRESS")):
         os.environ.setdefault(*RAY_LOOPBACK)
     from beamplugin.corpus.ray_runner import RayRunner  # Ray is imported with --ray only
 
-    return RayRunner(cfg, args.ray, args.workers, args.cpus_per_worker)
+    return RayRunner(cfg, args.ray, args.workers, args.cpus_per_worker, args.split_sentences)
 
 
 def main(argv: list[str] | None = None) -> int:

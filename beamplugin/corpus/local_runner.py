@@ -13,10 +13,11 @@ from beamplugin.corpus.inputs import Block
 
 
 class LocalRunner:
-    """The models of ``cfg`` loaded in this process, translating blocks."""
+    """The models of ``cfg`` loaded in this process, translating blocks (``split_sentences``:
+    each line a document cut into sentences)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self._translator = BlockTranslator(cfg)
+    def __init__(self, cfg: DictConfig, split_sentences: bool = False) -> None:
+        self._translator = BlockTranslator(cfg, split_sentences)
         self.workers_alive = 1
 
     def run(self, blocks: Iterator[Block]) -> Iterator[tuple[Block, BlockResult]]:
