@@ -3,8 +3,8 @@ model): ``POST /translate_file`` answers with a URL from which a file of the sam
 opened here by its own library (srt, lxml, python-docx, odfdo): a text file translated as
 ``/translate`` translates the text, an HTML file with the same tag tree, a subtitle file with the
 same cues and timings, each cue translated as one sentence, a Word file with the same paragraphs and
-runs, an OpenDocument text with the same elements; a file too large gets 413, one that is not a file
-to translate 400. And what is kept for download expires."""
+runs (headers and footers translated too), an OpenDocument text with the same elements; a file too
+large gets 413, one that is not a file to translate 400. And what is kept for download expires."""
 
 from __future__ import annotations
 
@@ -108,6 +108,8 @@ def test_a_subtitle_file_keeps_its_cues_and_timings_and_has_each_cue_translated(
 
 def test_a_word_file_keeps_its_runs_and_tables_and_has_each_paragraph_translated(server):
     document = docx.Document()
+    document.sections[0].header.paragraphs[0].text = f"{S[2]}."
+    document.sections[0].footer.paragraphs[0].text = f"{S[3]}!"
     document.add_heading(S[13], level=1)
     paragraph = document.add_paragraph(f"{S[14]} ")
     paragraph.add_run(LINES[15]).bold = True  # its own run, in the middle of a sentence
@@ -122,10 +124,12 @@ def test_a_word_file_keeps_its_runs_and_tables_and_has_each_paragraph_translated
     shape = [[(run.bold, run.style.name) for run in p.runs] for p in document.paragraphs]
     assert [[(run.bold, run.style.name) for run in p.runs] for p in back.paragraphs] == shape
     assert [p.style.name for p in back.paragraphs] == [p.style.name for p in document.paragraphs]
-    texts = [p.text for p in document.paragraphs] + [f"{S[17]}."]
+    texts = [p.text for p in document.paragraphs] + [f"{S[17]}.", f"{S[2]}.", f"{S[3]}!"]
     reference = translate(server.url, {"q": texts})["translatedText"]
     cells = back.tables[0].rows[0].cells
-    assert [p.text for p in back.paragraphs] + [cells[1].text] == reference
+    section = back.sections[0]
+    assert [p.text for p in back.paragraphs] + [cells[1].text] + [
+        section.header.paragraphs[0].text, section.footer.paragraphs[0].text] == reference
     assert back.paragraphs[2].text == "42" and cells[0].text == ""
     assert all(run.text for run in back.paragraphs[1].runs)  # each run kept some words
 

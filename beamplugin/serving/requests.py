@@ -16,6 +16,7 @@ import docx
 import odfdo
 from aiohttp import web
 from docx.document import Document as DocxDocument
+from docx.section import _BaseHeaderFooter as BaseHeaderFooter
 from docx.table import _Cell
 from docx.text.paragraph import Paragraph
 
@@ -212,11 +213,12 @@ def odt_paragraphs(document: odfdo.Document) -> list[odfdo.Element]:
 
 
 def docx_paragraphs(document: DocxDocument) -> list[Paragraph]:
-    """The paragraphs of a .docx's body and of its tables (nested ones too), each once."""
+    """The paragraphs of a .docx's body, of its sections' headers and footers (first-page and
+    even-page ones too) and of their tables (nested ones too), each once."""
     found: list[Paragraph] = []
     seen: set[int] = set()  # a merged cell is every cell it covers: its paragraphs once
 
-    def walk(container: DocxDocument | _Cell) -> None:
+    def walk(container: DocxDocument | _Cell | BaseHeaderFooter) -> None:
         for paragraph in container.paragraphs:
             if id(paragraph._p) not in seen:
                 seen.add(id(paragraph._p))
@@ -227,6 +229,13 @@ def docx_paragraphs(document: DocxDocument) -> list[Paragraph]:
                     walk(cell)
 
     walk(document)
+    for section in document.sections:
+        for part in (section.header, section.footer, section.first_page_header,
+                     section.first_page_footer, section.even_page_header,
+                     section.even_page_footer):  # fmt: skip
+            # a linked one is the previous section's (reading it would add one of its own)
+            if not part.is_linked_to_previous:
+                walk(part)
     return found
 
 
