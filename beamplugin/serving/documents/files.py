@@ -53,7 +53,7 @@ async def _translate_docx(
             run.add_text(piece.text)
         texts.append(Document([run], pair[0], fits, lines_end_sentences=True))
     units = [unit for text in texts for unit in text.units]
-    translations = iter(await admission.translate(units, 1, pair) if units else [])
+    translations = iter(await admission.translate(units, 1, pair, documents=1) if units else [])
     for paragraph, text in zip(paragraphs, texts, strict=True):
         if text.units:
             mine = [next(translations)[0].text for _ in text.units]
@@ -74,7 +74,7 @@ async def _translate_srt(admission: Admission, text: str, pair: Pair) -> str:
     spoken = [unit for unit in units if any(c.isalpha() for c in unit)]  # else copied
     if not spoken:
         raise Refused(400, "'file' has no cue to translate")
-    translations = iter(await admission.translate(spoken, 1, pair))
+    translations = iter(await admission.translate(spoken, 1, pair, documents=1))
     for cue, unit in zip(cues, units, strict=True):
         if any(c.isalpha() for c in unit):
             cue.content = next(translations)[0].text

@@ -53,7 +53,7 @@ async def translate_odt(
         _read(paragraph, "text", run, slots)
         found.append((Document([run], pair[0], fits, lines_end_sentences=True), slots))
     units = [unit for text, _ in found for unit in text.units]
-    translations = iter(await admission.translate(units, 1, pair) if units else [])
+    translations = iter(await admission.translate(units, 1, pair, documents=1) if units else [])
     for text, slots in found:
         if text.units:
             mine = [next(translations)[0].text for _ in text.units]
