@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from beamplugin.kernels import float_products
-from beamplugin.modules import linear
+from beamplugin.modules import packed_weights
 
 needs_kernel = pytest.mark.skipif(
     not float_products.available(torch.bfloat16), reason="no AVX512-BF16 or no C compiler here"
@@ -20,7 +20,7 @@ SHAPES = [(1032, 256), (256, 256), (256, 1024), (37, 101), (1, 3)]
 def test_products_round_once_to_bfloat16(shape):
     torch.manual_seed(0)
     weight, bias = (torch.randn(shape) * 0.1).bfloat16(), torch.randn(shape[0]).bfloat16()
-    packed = linear.pack_weight(weight)
+    packed = packed_weights.pack_weight(weight)
     assert isinstance(packed, float_products.Panels)
     x, residual = torch.randn(37, shape[1]).bfloat16(), torch.randn(37, shape[0]).bfloat16()
     out = float_products.product(x, packed, bias)

@@ -20,7 +20,7 @@ from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
 from beamplugin.engine.choice import open_engine
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import int8_weights
 from beamplugin.streams import IteratorSource, run, sentence_request
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
@@ -120,7 +120,7 @@ def test_constraints_not_met_fail_their_sentence_alone(
 def test_int8_stream_equals_each_sentence_alone(vocab, models, sentences, monkeypatch):
     """--int8 (every product of the tiny model in int8): constrained and unconstrained
     sentences in one stream, each bit for bit what it gets alone."""
-    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)
     model = copy.deepcopy(models["convs2s"][0])
     assert cast_for_decoding([model], "int8") == torch.float32
     gen = generator(model, vocab, "unordered", beam_size=4, max_len_b=12)

@@ -17,7 +17,7 @@ from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.kernels import int8_products, transformer_layers
 from beamplugin.models import transformer_weights
-from beamplugin.modules import linear
+from beamplugin.modules import int8_weights
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -51,7 +51,7 @@ def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, k
     if kind == "int8":
         if not int8_products.available():
             pytest.skip("no int8 kernel for this instruction set")
-        monkeypatch.setattr(linear, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
+        monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
         assert cast_for_decoding([model], "int8") == torch.float32
     one_call = decode(vocab, sentences, model, monkeypatch, in_kernel=True)
     one_at_a_time = decode(vocab, sentences, model, monkeypatch, in_kernel=False)

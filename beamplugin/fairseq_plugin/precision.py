@@ -2,7 +2,7 @@
 
 The models compute in the chosen precision: their parameters are cast once, and the weights
 they derive for inference (folded weight norm, linearized convolutions, packed layouts, see
-beamplugin.modules.linear.InferenceCache) are then made once from those, in that precision.
+beamplugin.modules.inference_cache.InferenceCache) are then made once from those, in that precision.
 The search itself stays in float32 whatever the models compute in: every step's logits are
 widened to float32 before the temperature and the log-softmax (beamplugin.engine.ensemble), so
 cumulative scores, length normalisation and the stop tests are float32.
@@ -13,7 +13,7 @@ arithmetic, or where a load-time trial (:func:`bf16_pays`) decodes the models sl
 than in float32, they decode in float32 and the log says so. ``int8``
 (CPU only) keeps float32 and multiplies the largest weights in int8 instead, each row of
 activations with its own scale, so that a sentence's result does not depend on its batch-mates
-(beamplugin.modules.linear.int8_linear).
+(beamplugin.modules.int8_weights.int8_linear).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from torch import nn
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.kernels import trials
 from beamplugin.kernels.trials import Trial
-from beamplugin.modules import linear as linear_module
-from beamplugin.modules.linear import InferenceCache, native_on_cpu
+from beamplugin.modules import int8_weights
+from beamplugin.modules.inference_cache import InferenceCache
+from beamplugin.modules.packed_weights import native_on_cpu
 
 logger = logging.getLogger(__name__)
 
 # Each precision and the dtype the models compute in: "int8" keeps float32 but multiplies the
-# largest weights in int8 (beamplugin.modules.linear.int8_linear), on the CPU only.
+# largest weights in int8 (beamplugin.modules.int8_weights.int8_linear), on the CPU only.
 PRECISIONS = {
     "float32": torch.float32,
     "bf16": torch.bfloat16,
@@ -166,10 +167,9 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
     transformer_decoders = [m.decoder for m in models if isinstance(m, TransformerModelBase)]
     if precision == "int8":
         large = sum(
-            max(p.numel() for p in m.parameters()) >= linear_module.INT8_MIN_WEIGHTS
-            for m in caches
+            any(int8_weights.large_for_int8(p) for p in m.parameters()) for m in caches
         ) + sum(
-            p.numel() >= linear_module.INT8_MIN_WEIGHTS
+            int8_weights.large_for_int8(p)
             for decoder in transformer_decoders
             for p in decoder.parameters()
         )
@@ -177,10 +177,10 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
             raise ValueError(
                 "--int8: these models have no weight for int8 products (beamplugin's convs2s "
                 "and fairseq's transformer decoder multiply weights of "
-                f"{linear_module.INT8_MIN_WEIGHTS} elements or more in int8); they would "
+                f"{int8_weights.INT8_MIN_WEIGHTS} elements or more in int8); they would "
                 "decode in float32: leave out --int8"
             )
-        levels = linear_module.int8_weight_levels()
+        levels = int8_weights.int8_weight_levels()
         logger.info(
             "--int8: %d weights multiplied in int8, %s",
             large,

@@ -1,12 +1,12 @@
 """A fairseq transformer's weights made ready for decoding, kept while the weights are unchanged.
 
 Per layer, the self-attention's query, key and value projections are one product (their weights
-stacked), and every query projection carries fairseq's scaling (``head_dim ** -0.5``) folded
-in; the keys and values that every decoder layer's cross-attention reads from the encoder
-output are one product too. Every product is a :class:`~beamplugin.modules.linear.PreparedLinear`
-(packed for our kernel or oneDNN's; int8 values under ``--int8``, the encoder layers' too, as
-CTranslate2's int8, not the cross-attention's keys and values). Scores differ from fairseq's only
-in float rounding.
+stacked), and every query projection carries fairseq's scaling (``head_dim ** -0.5``) folded in; the
+keys and values that every decoder layer's cross-attention reads from the encoder output are one
+product too. Every product is a :class:`~beamplugin.modules.prepared_linear.PreparedLinear` (packed
+for our kernel or oneDNN's; int8 values under ``--int8``, the encoder layers' too, as CTranslate2's
+int8, not the cross-attention's keys and values). Scores differ from fairseq's only in float
+rounding.
 
 The prepared weights are checked, not on every step, but when :meth:`TransformerWeights.current`
 is called (once per encoder forward: every sentence is encoded before it decodes). They are made
@@ -30,7 +30,7 @@ from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
-from beamplugin.modules.linear import PreparedLinear, columns_of, prepare_linear
+from beamplugin.modules.prepared_linear import PreparedLinear, columns_of, prepare_linear
 from beamplugin.runtime import heap
 from beamplugin.runtime.pages import FileMappings, page_out
 

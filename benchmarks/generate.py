@@ -1,8 +1,9 @@
-"""A fairseq transformer checkpoint decoded by fairseq's generator, ours and CTranslate2, side by
-side in one run: sentences/s and tokens/s at each batch size and thread count, each against
-fairseq's and against CTranslate2's, the share of best hypotheses equal to fairseq's, BLEU, and
-each system's peak resident memory and load time. An fconv or convs2s checkpoint too: fairseq's
-fconv against our convs2s on the same weights (CTranslate2 converts no ConvS2S).
+"""Our decoding against fairseq's generator (and CTranslate2's): a fairseq checkpoint decoded by
+fairseq's generator, ours and CTranslate2, side by side in one run: sentences/s and tokens/s at
+each batch size and thread count, each against fairseq's and against CTranslate2's, the share of
+best hypotheses equal to fairseq's, BLEU, and each system's peak resident memory and load time.
+An fconv or convs2s checkpoint too: fairseq's fconv against our convs2s on the same weights
+(CTranslate2 converts no ConvS2S).
 
 Systems (beam 5, lenpen 1, max_len_a 0, max_len_b 200 (``--max-len-b``), one test-set order
 sorted by source length, batches of B consecutive sentences, as fairseq-generate makes them):
@@ -53,15 +54,27 @@ Each worker inherits the environment: ``BEAMPLUGIN_ISA=avx2`` pins our AVX2 kern
 ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` holds torch's (fairseq's) to AVX2 and
 ``CT2_FORCE_CPU_ISA=AVX2`` CTranslate2's, as on a CPU without AVX-512.
 
-    python scripts/bench_transformer.py --path CHECKPOINT --data DATA_BIN \\
+On an fconv or convs2s model a second part follows in this process: fairseq's generator and
+ours interleaved on fairseq's fconv and our convs2s, and where our generator's time goes
+(forwards, reorders, bookkeeping by part, tensor operations a step; host synchronisations on
+CUDA): benchmarks/in_process.py. ``--random`` runs that part alone, on a random
+fconv_iwslt_de_en-shaped model of 8k words (``make bench``).
+
+``--results FILE`` appends a record a system, batch size and thread count (the row
+``LABEL-bBATCH``, ``--label``: the checkpoint's name by default); ``--max-sentences N`` times N
+sentences at every batch size (``--sentences`` and ``--batch-1-sentences`` at once).
+
+    python -m benchmarks.generate --path CHECKPOINT --data DATA_BIN \\
         --sentences 256 --batch-sizes 1 64 --threads 1 2
+    python -m benchmarks.generate --random --batch-sizes 1 64 --threads 1
+    python -m benchmarks.generate --device cuda --path CKPT.pt --data DATA-BIN --batch-sizes 64 \\
+        --max-sentences 1000 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -71,21 +84,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import (
+    add_results_option,
+    append_records,
+    command_line,
+    cpu_description,
+    in_own_process,
+    machine,
+    peak_resident_mib,
+    record,
+    table_name,
+)
+
 BEAM, MAX_LEN_B = 5, 200
 SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ours torch kernels", "ct2 float32",
            "ct2 int8"]  # fmt: skip
 # with --vocabulary-map: ours and CTranslate2 on a shortlist (CTranslate2's use_vmap)
 SHORTLISTED = ["ours vmap", "ours int8 vmap", "ct2 float32 vmap", "ct2 int8 vmap"]
 OURS_STREAMED = ("ours", "ours int8", "ours torch kernels", "ours vmap", "ours int8 vmap")
-
-
-def checkpoint_parser(description: str) -> argparse.ArgumentParser:
-    """The options of the transformer benchmarks: a checkpoint, its test set, batch sizes."""
-    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
-    parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
-    parser.add_argument("--data", required=True, help="its binarized data directory")
-    test_set_options(parser)
-    return parser
 
 
 def test_set_options(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +112,7 @@ def test_set_options(parser: argparse.ArgumentParser) -> None:
 
 
 def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
-    """The options of :func:`measure` beyond the test set: shared with bench_model_sizes.py,
+    """The options of :func:`measure` beyond the test set: shared with model_sizes.py,
     whose random models decode to ``--max-len-b`` (its default differs from ours)."""
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
@@ -119,11 +135,28 @@ def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = checkpoint_parser(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", help="a fairseq checkpoint (transformer, fconv or convs2s)")
+    parser.add_argument("--data", help="its binarized data directory")
+    parser.add_argument("--random", action="store_true",
+                        help="a random fconv_iwslt_de_en-shaped model, in this process alone")
+    parser.add_argument("--seed", type=int, default=1, help="of --random's model and sentences")
+    parser.add_argument("--label", help="the records' model and row name (default: the "
+                        "checkpoint's file name, or random-fconv)")
+    parser.add_argument("--max-sentences", type=int,
+                        help="sentences timed at every batch size")
+    test_set_options(parser)
     timing_options(parser, MAX_LEN_B)
+    add_results_option(parser)
     parser.add_argument("--worker", choices=SYSTEMS + SHORTLISTED, help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not args.random and not (args.path and args.data):
+        parser.error("give --path and --data, or --random")
+    if args.max_sentences:
+        args.sentences = args.batch_1_sentences = args.max_sentences
+    args.label = args.label or ("random-fconv" if args.random else Path(args.path).stem)
+    return args
 
 
 def ct2_model(
@@ -165,20 +198,6 @@ def worker(args: argparse.Namespace) -> None:
                       "peak_rss_mib": peak_resident_mib()}))
 
 
-def peak_resident_mib() -> float | None:
-    """This process's peak resident memory in MiB: Linux's VmHWM, None where there is none.
-    Not ``getrusage``'s ``ru_maxrss``: that survives exec, so a worker would report at least
-    the resident memory its parent had when it started it (the parent holds torch and fairseq)."""
-    try:
-        with open("/proc/self/status", encoding="utf-8") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return None
-
-
 def ct2_decoder(job: dict[str, Any], kind: str, threads: int) -> tuple[Any, float]:
     """CTranslate2's decode of the job's sentences (``kind``: "float32" or "int8", then "vmap"
     for its shortlist), and the seconds its model took to load."""
@@ -218,7 +237,6 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
 
     # isort: split
     import torch
-    from bench_generate import checkpoint_models, prepare
     from fairseq import checkpoint_utils
     from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
@@ -226,6 +244,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
     from beamplugin.fairseq_plugin.precision import cast_for_decoding
     from beamplugin.search.vocabulary_map import VocabularyMap
     from beamplugin.streams.translate import translate
+    from benchmarks.models import checkpoint_models, prepare
 
     torch.set_num_threads(job["threads"])
     started = time.perf_counter()
@@ -286,16 +305,35 @@ def main() -> None:
     args = parse_args()
     if args.worker:
         worker(args)
-    else:
-        measure(args.path, args.data, args)
+        return
+    if not args.random and not measure(args.path, args.data, args):
+        return  # a transformer: nothing to set fconv against
+    if args.precision != "float32":
+        print("# in one process: float32 alone (see --precision)")
+        return
+    from benchmarks import in_process  # torch and fairseq: not in a CTranslate2 worker
+
+    for threads in args.threads:
+        figures = in_process.compare(args, threads, BEAM)
+        append_records(args.results, [
+            record(table=table_name(args.device), row=f"{args.label}-in-process-b{f['batch']}"
+                   + ("" if threads == 1 else f"-t{threads}"),
+                   what=f"{args.label}: fairseq's fconv and ours in one process",
+                   system=f["system"], model=args.label, precision="float32", batch=f["batch"],
+                   sentences_per_s=f["sentences"] / f["seconds"],
+                   tokens_per_s=f["tokens"] / f["seconds"], same_as_reference=f["same"],
+                   command=command_line(), **machine(args.device, threads))
+            for f in figures
+        ])  # fmt: skip
 
 
-def measure(path: str, data: str, options: argparse.Namespace) -> None:
-    """Time every system on checkpoint ``path`` (data directory ``data``) and print a table per
-    thread count and batch size. ``options`` holds those of :func:`test_set_options` and
-    :func:`timing_options` (bench_model_sizes.py calls this on the models it builds)."""
+def measure(path: str, data: str, options: argparse.Namespace) -> bool:
+    """Time every system on checkpoint ``path`` (data directory ``data``), print a table per
+    thread count and batch size and append their records to ``options.results``; whether the
+    model is an fconv or a convs2s. ``options`` holds those of :func:`test_set_options`,
+    :func:`timing_options` and ``--results`` and ``--label`` (model_sizes.py calls this on the
+    models it builds)."""
     import torch
-    from bench_generate import cpu_description
     from fairseq import checkpoint_utils
 
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
@@ -365,7 +403,17 @@ def measure(path: str, data: str, options: argparse.Namespace) -> None:
                             ct2_tokens(result["best"], dictionary, options.max_len_b)
                             if name.startswith("ct2") else result["best"]
                         )
-                report(threads, batch, count, runs, outputs, references, dictionary)
+                rows = report(threads, batch, count, runs, outputs, references, dictionary)
+                append_records(options.results, [
+                    record(table=table_name(options.device),
+                           row=f"{options.label}-b{batch}" + ("" if threads == 1 else
+                                                              f"-t{threads}"),
+                           what=f"{options.label}: {path}", model=options.label, batch=batch,
+                           precision="int8" if "int8" in row["system"] else options.precision,
+                           command=command_line(), **row, **machine(options.device, threads))
+                    for row in rows
+                ])  # fmt: skip
+    return not transformer
 
 
 def ct2_tokens(best: list[list[str]], dictionary: Any, max_len_b: int) -> list[list[int]]:
@@ -386,23 +434,22 @@ def convolutional(model: Any) -> bool:
 
 def run_worker(path: str, data: str, name: str, job: Path) -> dict[str, Any]:
     """One timed decode by system ``name`` in a process of its own: :func:`worker`'s JSON."""
-    command = [sys.executable, __file__, "--path", path, "--data", data,
-               "--worker", name, "--job", str(job)]
-    env = {**os.environ, "BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
+    env = {"BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
     if name == "fairseq":  # fairseq's own loading (a copy of the checkpoint), as without us
-        env = {**os.environ, "BEAMPLUGIN_MMAP": "0"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        env = {"BEAMPLUGIN_MMAP": "0"}
+    lines = in_own_process(__spec__.name, "--path", path, "--data", data, "--worker", name,
+                   "--job", str(job), env=env)  # fmt: skip
+    return json.loads(lines[-1])
 
 
 def report(threads: int, batch: int, count: int, runs: dict[str, list[dict[str, Any]]],
-           outputs: dict[str, list[list[int]]], references: list[str], dictionary: Any) -> None:
+           outputs: dict[str, list[list[int]]], references: list[str],
+           dictionary: Any) -> list[dict[str, Any]]:
     """One table: per system the medians over rounds of its speed (sentences/s, and tokens/s
     counting each best hypothesis's tokens with its EOS, one decoder step each) and load time,
     its speed against fairseq's and CTranslate2's, its best hypotheses against fairseq's, BLEU,
-    and the largest peak resident memory of its rounds."""
+    and the largest peak resident memory of its rounds; and those figures, a record's fields a
+    system."""
     import sacrebleu
     import torch
 
@@ -415,6 +462,7 @@ def report(threads: int, batch: int, count: int, runs: dict[str, list[dict[str, 
     against = "  x ct2 f32  x ct2 int8" if ct2 and ct2_int8 else ""
     print(f"{'system':18s}  sent/s    tok/s  x fairseq{against}  same best  BLEU  "
           "peak MiB  load s")
+    rows = []
     for name, time_taken in median.items():
         same = sum(a == b for a, b in zip(outputs[name], outputs["fairseq"], strict=True))
         tokens = sum(len(h) for h in outputs[name])
@@ -428,6 +476,10 @@ def report(threads: int, batch: int, count: int, runs: dict[str, list[dict[str, 
         print(f"{name:18s} {count / time_taken:7.1f} {tokens / time_taken:8.1f} "
               f"{base / time_taken:10.2f}{against_ct2}  {same:4d}/{count:<4d} {bleu:5.2f} "
               f"{peak} {load:7.2f}")
+        rows.append(dict(system=name, sentences_per_s=count / time_taken,
+                         tokens_per_s=tokens / time_taken, same_as_reference=f"{same}/{count}",
+                         bleu=bleu, peak_mib=max(peaks) if peaks else None))  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Time beamplugin's generator against fairseq's, on the same checkpoint and sentences.
+"""fairseq's generator and ours in one process on fconv and convs2s, and where our generator's
+time goes: the second part of ``python -m benchmarks.generate`` (its fconv/convs2s models,
+``--random`` or a checkpoint's), and the tools ``benchmarks.roofline`` times a decode with.
 
 Three systems, run interleaved (one pass over all batches each, in turn, ``--repeats`` times):
 
@@ -6,9 +8,6 @@ Three systems, run interleaved (one pass over all batches each, in turn, ``--rep
 * ``ours/fconv``: the same fconv + our SequenceGenerator: (a) the generator alone;
 * ``ours/convs2s``: our convs2s (the same weights loaded into it) + our generator:
   (b) end to end.
-
-``--path`` takes an fconv or a convs2s checkpoint (``make demo`` trains one): the two models have
-the same parameters, so each gets the checkpoint's weights.
 
 Each model is prepared as fairseq-generate prepares it (``eval()``, ``prepare_for_inference_``:
 weight norm removed, BeamableMM in fconv, no attention kept). Prints the median time per system,
@@ -18,10 +17,6 @@ within 1e-4), and, from a separate instrumented pass, where the time goes: model
 (search bookkeeping); and how many tensor operations our generator makes per decoder step outside
 the forwards, by part (on small batches their number, not their size, sets that time).
 
-    python scripts/bench_generate.py --path ckpt/checkpoint_best.pt --data data-bin \\
-        --batch-sizes 1 64 --beam 5 --threads 2 --max-sentences 200
-    python scripts/bench_generate.py --random   # fconv_iwslt_de_en shape, 8k vocabulary
-
 With ``--device cuda`` the models and batches live on the GPU, each timed pass ends with a
 ``torch.cuda.synchronize()``, and a further pass under ``torch.cuda.set_sync_debug_mode`` counts
 the host synchronisations per decoder step of each system. The instrumented split synchronises
@@ -30,7 +25,6 @@ around each forward on CUDA (else kernel launches, not kernels, would be timed).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import statistics
 import time
@@ -40,10 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from fairseq import checkpoint_utils, utils
-from fairseq.data import Dictionary, data_utils
-from fairseq.models import ARCH_CONFIG_REGISTRY
-from fairseq.models.fconv import FConvModel
+from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -54,178 +45,19 @@ from beamplugin.engine.finalizer import Finalizer
 from beamplugin.engine.model_runner import ModelRunner
 from beamplugin.engine.slots import Slots
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
-from beamplugin.kernels import instruction_sets, native_library
-from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import MemoryPool
 from beamplugin.search.log_prob_rules import LogProbRules
-
-Batch = dict[str, Any]
-
-
-def parse_args() -> Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--path", help="an fconv or convs2s checkpoint (both models get it)")
-    parser.add_argument("--data", help="binarized data dir of the checkpoint")
-    parser.add_argument("--gen-subset", default="test")
-    parser.add_argument("--random", action="store_true", help="random fconv_iwslt_de_en model")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--lenpen", type=float, default=1.0)
-    parser.add_argument("--max-len-b", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (or cuda:N)")
-    parser.add_argument("--max-sentences", type=int, default=128, help="sentences timed")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
-    if not args.random and not (args.path and args.data):
-        parser.error("give --path and --data, or --random")
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {args.device}: no CUDA device is available")
-    return args
-
-
-# ---------------------------------------------------------------------------------------------
-# models and sentences
-
-
-def random_fconv(vocab_size: int, seed: int) -> tuple[FConvModel, Dictionary, Namespace]:
-    """An fconv_iwslt_de_en-shaped model with random weights, sharpened so that outputs end at
-    varied lengths (a random model otherwise rambles on to max length)."""
-    dictionary = Dictionary()
-    for index in range(vocab_size - dictionary.nspecial):
-        dictionary.add_symbol(f"w{index}")
-    dictionary.finalize(padding_factor=8)
-    args = Namespace(max_source_positions=1024, max_target_positions=1024, arch="fconv_iwslt_de_en")
-    ARCH_CONFIG_REGISTRY["fconv_iwslt_de_en"](args)
-    task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    torch.manual_seed(seed)
-    model = FConvModel.build_model(args, task)
-    with torch.no_grad():
-        model.decoder.fc3.weight_g.mul_(10)
-        model.decoder.fc3.bias[dictionary.eos()] += 4.5
-    return model.eval(), dictionary, args
-
-
-def random_batches(dictionary: Dictionary, n: int, batch_size: int, seed: int) -> list[Batch]:
-    """IWSLT-like source lengths (5 to 40 words), left-padded and ending in EOS."""
-    g = torch.Generator().manual_seed(seed)
-    sentences = [
-        torch.cat(
-            [
-                torch.randint(dictionary.nspecial, len(dictionary), (int(length),), generator=g),
-                torch.tensor([dictionary.eos()]),
-            ]
-        )
-        for length in torch.randint(5, 41, (n,), generator=g)
-    ]
-    return [collate(sentences[i : i + batch_size], dictionary, i) for i in range(0, n, batch_size)]
-
-
-def collate(sentences: list[torch.Tensor], dictionary: Dictionary, first_id: int) -> Batch:
-    return {
-        "id": torch.arange(first_id, first_id + len(sentences)),
-        "net_input": {
-            "src_tokens": data_utils.collate_tokens(sentences, dictionary.pad(), left_pad=True),
-            "src_lengths": torch.tensor([s.numel() for s in sentences]),
-        },
-    }
-
-
-def checkpoint_models(path: str, data: str) -> tuple[FConvModel, ConvS2SModel, Any]:
-    """fconv and convs2s with the weights of an fconv or a convs2s checkpoint, and its task."""
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data}
-    )
-    model = models[0]
-    if not isinstance(model, FConvModel | ConvS2SModel):
-        raise SystemExit(f"{path} holds a {type(model).__name__}, not an fconv/convs2s model")
-    args = cfg.model if isinstance(cfg.model, Namespace) else Namespace(**dict(cfg.model))
-    args.arch = getattr(args, "arch", None) or getattr(args, "_name", None)
-    if isinstance(model, FConvModel):
-        return model.eval(), same_weights(ConvS2SModel, model, args, task, "fconv"), task
-    return same_weights(FConvModel, model, args, task, "convs2s"), model.eval(), task
-
-
-def benchmark_models(args: argparse.Namespace) -> tuple[FConvModel, ConvS2SModel, Any, str]:
-    """fconv and convs2s with the same weights (``--random`` or ``--path``/``--data``), their
-    task (or a stand-in holding the dictionaries), and a description of where they come from."""
-    if args.random:
-        fconv, dictionary, model_args = random_fconv(8000, args.seed)
-        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
-        return fconv, convs2s, task, f"random fconv_iwslt_de_en, {len(dictionary)} words"
-    fconv, convs2s, task = checkpoint_models(args.path, args.data)
-    return fconv, convs2s, task, f"{args.path} on {args.data}:{args.gen_subset}"
-
-
-def checkpoint_batches(task: Any, subset: str, n: int, batch_size: int) -> list[Batch]:
-    task.load_dataset(subset)
-    dataset = task.dataset(subset)
-    indices = list(range(min(n, len(dataset))))
-    return [
-        dataset.collater([dataset[i] for i in indices[start : start + batch_size]])
-        for start in range(0, len(indices), batch_size)
-    ]
-
-
-def same_weights(
-    model_class: type, source: torch.nn.Module, args: Namespace, task: Any, family: str
-) -> torch.nn.Module:
-    """A ``model_class`` (fconv or convs2s) with the weights of ``source``, a model of the other
-    one: same parameter names and shapes, so a strict load."""
-    other = "convs2s" if family == "fconv" else "fconv"
-    new_args = Namespace(**vars(args))
-    arch = str(args.arch).replace(family, other, 1)
-    new_args.arch = arch if arch in ARCH_CONFIG_REGISTRY else other
-    ARCH_CONFIG_REGISTRY[new_args.arch](new_args)
-    dictionaries = Namespace(
-        source_dictionary=task.source_dictionary, target_dictionary=task.target_dictionary
-    )
-    model = model_class.build_model(new_args, dictionaries)
-    model.load_state_dict(source.state_dict(), strict=True)
-    return model.eval()
-
-
-def prepare(model: torch.nn.Module, beam: int) -> torch.nn.Module:
-    """As fairseq-generate: BeamableMM for this beam, no attention kept, weight norm folded."""
-    cfg = Namespace(generation=Namespace(beam=beam, print_alignment=False, no_beamable_mm=False))
-    model.prepare_for_inference_(cfg)  # also puts it in eval mode for good
-    return model
-
+from benchmarks.common import cpu_description
+from benchmarks.models import (
+    Batch,
+    benchmark_models,
+    checkpoint_batches,
+    prepare,
+    random_batches,
+)
 
 # ---------------------------------------------------------------------------------------------
 # timing
-
-# The CPU flags that decide which kernels run: float32 FMA width, int8 sums (VNNI, AMX),
-# bfloat16 and float16 products.
-KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
-                "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")  # fmt: skip
-
-
-def cpu_description() -> str:
-    """The CPU's model name and kernel flags (Linux's /proc/cpuinfo) and torch's CPU
-    capability: printed with every speed figure, which holds only for that CPU."""
-    model, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "unknown CPU":
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    present = " ".join(flag for flag in KERNEL_FLAGS if flag in flags) or "flags unknown"
-    capability = torch.backends.cpu.get_cpu_capability()
-    ours = native_library.built_for("products")
-    if ours != "off":
-        ours += f", int8 {native_library.built_for('int8_products')}"
-        ours += "" if instruction_sets.pinned() else ", each proven against torch's"
-    return f"CPU {model} ({present}), torch CPU capability {capability}, our kernels {ours}"
-
-
 
 class Timers:
     """Wall time spent inside wrapped methods, by category (and calls, by method)."""
@@ -420,41 +252,45 @@ def agreement(reference: list, outputs: list) -> tuple[int, int]:
     return same, len(reference)
 
 
-def main() -> None:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    fconv, convs2s, task, source = benchmark_models(args)
+def compare(options: Namespace, threads: int, beam: int) -> list[dict[str, Any]]:
+    """The three systems on ``options``' models (``--random``, or ``--path``/``--data``) at
+    each batch size, ``threads`` torch threads: the tables printed, and for each system and
+    batch size its figures (system, batch, sentences, seconds, tokens, same as fairseq's)."""
+    utils.set_torch_seed(1)
+    torch.set_num_threads(threads)
+    fconv, convs2s, task, source = benchmark_models(options)
     dictionary = task.target_dictionary
-    device = torch.device(args.device)
-    convs2s, fconv = prepare(convs2s, args.beam).to(device), prepare(fconv, args.beam).to(device)
-    options = dict(beam_size=args.beam, max_len_b=args.max_len_b, len_penalty=args.lenpen)
+    device = torch.device(options.device)
+    convs2s, fconv = prepare(convs2s, beam).to(device), prepare(fconv, beam).to(device)
+    settings = dict(beam_size=beam, max_len_b=options.max_len_b)
     systems = {
-        "fairseq": (FairseqGenerator([fconv], dictionary, **options), fconv),
-        "ours/fconv": (SequenceGenerator([fconv], dictionary, **options), fconv),
-        "ours/convs2s": (SequenceGenerator([convs2s], dictionary, **options), convs2s),
+        "fairseq": (FairseqGenerator([fconv], dictionary, **settings), fconv),
+        "ours/fconv": (SequenceGenerator([fconv], dictionary, **settings), fconv),
+        "ours/convs2s": (SequenceGenerator([convs2s], dictionary, **settings), convs2s),
     }
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_description()
-    print(
-        f"# {source}; beam {args.beam}, {args.threads} threads, {where}, torch {torch.__version__}"
-    )
-    for batch_size in args.batch_sizes:
-        if args.random:
-            batches = random_batches(dictionary, args.max_sentences, batch_size, args.seed)
+    print(f"\n# in one process: {source}; beam {beam}, {threads} threads, {where}, "
+          f"torch {torch.__version__}")  # fmt: skip
+    figures = []
+    for batch_size in options.batch_sizes:
+        count = options.sentences if batch_size > 1 else options.batch_1_sentences
+        if options.random:
+            batches = random_batches(dictionary, count, batch_size, options.seed)
         else:
-            batches = checkpoint_batches(task, args.gen_subset, args.max_sentences, batch_size)
+            batches = checkpoint_batches(task, options.gen_subset, count, batch_size)
         batches = [utils.apply_to_sample(lambda t: t.to(device), b) for b in batches]
         sentences = sum(len(b["id"]) for b in batches)
         times: dict[str, list[float]] = {name: [] for name in systems}
         outputs: dict[str, list] = {}
         for name, (generator, model) in systems.items():  # warm-up, also the outputs
             _, outputs[name] = run(generator, model, batches)
-        for _ in range(args.repeats):
+        for _ in range(options.repeats):
             for name, (generator, model) in systems.items():
                 times[name].append(run(generator, model, batches)[0])
         tokens = sum(len(hypos[0]["tokens"]) for hypos in outputs["fairseq"])
         print(
             f"\n## batch size {batch_size}: {sentences} sentences, {tokens} output tokens "
-            f"(best hypotheses), median of {args.repeats} interleaved runs"
+            f"(best hypotheses), median of {options.repeats} interleaved runs"
         )
         base = statistics.median(times["fairseq"])
         for name in systems:
@@ -464,6 +300,9 @@ def main() -> None:
                 f"{name:13s} {median:8.3f} s  {sentences / median:8.1f} sent/s  "
                 f"speed-up x{base / median:5.2f}  outputs equal to fairseq: {same}/{total}"
             )
+            best_tokens = sum(len(hypos[0]["tokens"]) for hypos in outputs[name])
+            figures.append(dict(system=name, batch=batch_size, sentences=sentences,
+                                seconds=median, same=f"{same}/{total}", tokens=best_tokens))
         print("time split (instrumented pass): forward / state+encoder reorder / bookkeeping")
         outside_forwards: dict[str, float] = {}
         for name, (generator, model) in systems.items():
@@ -502,8 +341,4 @@ def main() -> None:
                 syncs, steps = host_syncs(generator, model, batches)
                 per_step = syncs / steps
                 print(f"{name:13s} {syncs:7d} in {steps} decoder steps: {per_step:.2f} per step")
-
-
-if __name__ == "__main__":
-    utils.set_torch_seed(1)
-    main()
+    return figures

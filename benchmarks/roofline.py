@@ -16,8 +16,8 @@ is shown by a separate instrumented pass: the products inside the decode (the at
 its softmax), the forwards' other work (embeddings, GLU, residuals), the state reorders and the
 search's bookkeeping.
 
-    python scripts/bench_roofline.py --random --batch-sizes 1 64
-    python scripts/bench_roofline.py --path CKPT.pt --data DATA-BIN --precision int8
+    python -m benchmarks.roofline --random --batch-sizes 1 64
+    python -m benchmarks.roofline --path CKPT.pt --data DATA-BIN --precision int8
 """
 
 from __future__ import annotations
@@ -32,22 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from bench_generate import (
-    Timers,
-    benchmark_models,
-    checkpoint_batches,
-    cpu_description,
-    instrument,
-    prepare,
-    random_batches,
-    replace,
-    run,
-)
 
 import beamplugin.modules.attention as attention_module
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
-from beamplugin.modules.linear import InferenceCache
+from beamplugin.modules.inference_cache import InferenceCache
+from benchmarks import common
+from benchmarks.common import cpu_description
+from benchmarks.in_process import Timers, instrument, replace, run
+from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 PARTS = ["vocabulary", "decoder convolutions", "attention", "projections", "encoder"]
 
@@ -68,6 +61,7 @@ def parse_args() -> Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--precision", default="float32", choices=sorted(PRECISIONS))
     parser.add_argument("--seed", type=int, default=1)
+    common.add_results_option(parser)
     args = parser.parse_args()
     if not args.random and not (args.path and args.data):
         parser.error("give --path and --data, or --random")
@@ -219,6 +213,14 @@ def main() -> None:
         print(f"where a decode's time goes (instrumented pass, {total:.3f} s):")
         for part, seconds in split.items():
             print(f"  {100 * seconds / total:5.1f}%  {part}")
+        common.append_records(args.results, [common.record(
+            table=common.table_name(), row=f"roofline-{args.precision}-b{batch_size}",
+            what=f"our convs2s ({source}) against its products alone", system="ours",
+            model=source, precision=args.precision, batch=batch_size, sentences_per_s=n / t_decode,
+            ratio={"against": "its products alone", "value": t_alone / t_decode},
+            gflops_per_s=flops / t_decode / 1e9, command=common.command_line(),
+            **common.machine(threads=args.threads),
+        )])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ step costs against CTranslate2.
    and by CTranslate2 float32: the difference over 40 steps is a step's cost, the rest the
    sentence's fixed cost.
 
-    python scripts/bench_transformer_steps.py --path CHECKPOINT --data DATA_BIN \\
+    python -m benchmarks.transformer_steps --path CHECKPOINT --data DATA_BIN \\
         --batch-sizes 1 64 --threads 1
 """
 
@@ -24,20 +24,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_generate import cpu_description
-from bench_transformer import checkpoint_parser, ct2_model
 from fairseq import checkpoint_utils
 
 import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 from beamplugin import SequenceGenerator
 from beamplugin.kernels.transformer_layers import DecoderStep
 from beamplugin.models import mixed_step_transformer
+from benchmarks.common import cpu_description
+from benchmarks.generate import ct2_model, test_set_options
 
 BEAM = 5
 
 
 def parse_args() -> argparse.Namespace:
-    parser = checkpoint_parser(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
+    parser.add_argument("--data", required=True, help="its binarized data directory")
+    test_set_options(parser)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="best of")
     return parser.parse_args()
