@@ -1,6 +1,6 @@
 """Documents through beamplugin-serve, measured against the goals of sentence splitting:
 
-    python benchmarks/documents.py --data DATA-BIN --path CKPT.pt --spm SPM.model \\
+    python -m benchmarks.documents --data DATA-BIN --path CKPT.pt --spm SPM.model \\
         --source TEST.de --reference TEST.en [--results benchmarks/results/cpu-avx512.jsonl]
 
 (a) the test set's first 50 sentences joined five a paragraph: the paragraphs sent as texts
@@ -20,23 +20,18 @@
     (read by lxml), keep what is not to be translated byte for byte, and have their text
     translated.
 
-The server runs on 127.0.0.1 as a subprocess (stopped at the end) on the threads given. With
-``--results``, one JSON line a figure is appended (benchmarks/render_tables.py renders them).
+The server runs on 127.0.0.1 as a subprocess (benchmarks.server's, stopped at the end) on the
+threads given. With ``--results``, one JSON line a figure is appended (benchmarks.common's
+records, which benchmarks/render_tables.py renders).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import random
 import re
-import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,60 +41,22 @@ import lxml.html
 import sacrebleu
 import torch
 
-from beamplugin.kernels import native_library
 from beamplugin.serving.documents.sentences import segments
+from benchmarks.common import (
+    ROOT,
+    add_results_option,
+    append_records,
+    command_line,
+    cpu_description,
+    machine,
+    record,
+    table_name,
+)
+from benchmarks.server import ServerProcess
 
-BIN = Path(sys.executable).parent
-DEMO = Path(__file__).resolve().parent.parent / "data" / "work"  # make demo's
+DEMO = ROOT / "data" / "work"  # make demo's
+MOST_QUEUED = 1024  # benchmarks.server's --max-queued
 KEPT = re.compile(r'<(script|style|code)\b.*?</\1>|<(\w+) translate="no">.*?</\2>|<!--.*?-->', re.S)
-
-
-class ServerProcess:
-    """beamplugin-serve on a free port of 127.0.0.1, for an hour at most."""
-
-    def __init__(self, arguments: list[str], threads: int) -> None:
-        command = ["timeout", "-k", "10", "3600", str(BIN / "beamplugin-serve"), *arguments,
-                   "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-        environment = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        self.process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
-                                        env=environment)  # fmt: skip
-        self.url = ""
-        ready = threading.Event()
-
-        def read() -> None:
-            for line in self.process.stderr:
-                found = re.search(r"serving \S+ on (http://\S+)", line)
-                if found:
-                    self.url = found[1]
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        ready.wait(600)
-        if not self.url:
-            raise RuntimeError("beamplugin-serve did not start")
-
-    def cpu_seconds(self) -> float:
-        """CPU time so far of the server and its decoder process, all their threads: on a CPU
-        shared with other work, what a translation cost where the wall clock says mostly how
-        much of the CPU the server got."""
-        total = 0.0
-        for pid in _descendants(self.process.pid):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(120)
-
-
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in map(int, children.read_text().split()):
-            found += [child, *_descendants(child)]
-    return found
 
 
 async def _post(url: str, body: dict[str, Any]) -> Any:
@@ -253,24 +210,6 @@ def html_snippets(url: str, source: list[str], count: int) -> dict:
     }
 
 
-def machine(threads: int) -> dict:
-    """The CPU and our kernels, as a record has them."""
-    model, flags = "unknown CPU", set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == "unknown CPU":
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    kernels = native_library.built_for("products")
-    present = [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags]
-    return {
-        "table": "cpu-avx512" if kernels == "avx512" else "cpu-avx2",
-        "device": f"{model}, {os.cpu_count()} cores, {threads} thread(s)",
-        "cpu_flags": " ".join(present), "kernels": kernels, "host_cpu": None,
-    }  # fmt: skip
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEMO / "bin")
@@ -279,21 +218,23 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=DEMO / "split" / "test.de")
     parser.add_argument("--reference", type=Path, default=DEMO / "split" / "test.en")
     parser.add_argument("--paragraphs", type=int, default=200)
-    parser.add_argument("--per-paragraph", type=int, default=2)
+    parser.add_argument("--per-paragraph", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--snippets", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--results", type=Path, help="append one JSON line a figure here")
+    add_results_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     source = args.source.read_text().splitlines()
     reference = args.reference.read_text().splitlines()
-    most = max(512, args.paragraphs * args.per_paragraph, args.snippets)
+    most = max(args.paragraphs * args.per_paragraph, args.snippets, 50)
+    if most > MOST_QUEUED:
+        parser.error(f"at most {MOST_QUEUED} sentences a request (the server's queue)")
     server = ServerProcess([
         str(args.data), "--path", str(args.path), "--beam", str(args.beam), "--bpe",
         "sentencepiece", "--sentencepiece-model", str(args.spm), "-s", "de", "-t", "en",
-        "--cpu", "--max-queued", str(2 * most), "--max-request-sentences", str(most),
+        "--cpu", "--max-request-sentences", str(most),
         "--max-body-bytes", str(16 << 20),
     ], args.threads)  # fmt: skip
     try:
@@ -303,8 +244,7 @@ def main() -> None:
         snippets = html_snippets(server.url, source, args.snippets)
     finally:
         server.stop()
-    where = machine(args.threads)
-    print(f"{where['device']}; flags {where['cpu_flags']}; our kernels {where['kernels']}")
+    print(cpu_description())
     print(f"(a) paragraphs split = sentences alone, joined: {split['identical']} of "
           f"{split['paragraphs']}; BLEU sentences alone {split['bleu_alone']:.2f}, paragraphs "
           f"split {split['bleu_split']:.2f}, unsplit {split['bleu_unsplit']:.2f}")
@@ -318,26 +258,18 @@ def main() -> None:
           "lines")
     print(f"(c) {snippets['snippets']} HTML snippets: tag tree identical {snippets['same_tree']}, "
           f"untranslated parts kept {snippets['kept']}, text translated {snippets['translated']}")
-    if args.results:
-        write_records(args, where, split, throughput, snippets)
+    append_records(args.results, records(args, split, throughput, snippets))
 
 
-def write_records(args: argparse.Namespace, where: dict, split: dict, throughput: dict,
-                  snippets: dict) -> None:  # fmt: skip
-    command = "python benchmarks/documents.py" + "".join(
-        f" --{name} {getattr(args, name.replace('-', '_'))}"
-        for name in ("paragraphs", "per-paragraph", "rounds", "threads")
-    )
+def records(args: argparse.Namespace, split: dict, throughput: dict, snippets: dict) -> list:
+    """The figures as records (benchmarks.common's), one a row of the results table."""
     base = {
-        "system": "ours", "model": "convs2s demo", "precision": "float32", "batch": None,
-        "batch_label": "one request", "sentences_per_s": None, "tokens_per_s": None,
-        "ms_per_step": None, "peak_mib": None, "ratio": None, "same_as_reference": None,
-        "command": command, "commit": None, "date": time.strftime("%Y-%m-%d %H:%M",
-                                                                  time.gmtime()),  # fmt: skip
-        **where,
-    }
+        "table": table_name(), "system": "ours", "model": "convs2s demo",
+        "precision": "float32", "batch_label": "one request", "command": command_line(),
+        **machine(threads=args.threads),
+    }  # fmt: skip
     share = split["identical"] / split["paragraphs"]
-    records = [
+    rows = [
         {"row": "documents-alone", "what": "50 test sentences translated alone, joined 5 a "
          "paragraph (BLEU of the paragraphs)", "bleu": split["bleu_alone"]},
         {"row": "documents-split", "what": "the same 10 paragraphs sent as texts, split into "
@@ -355,9 +287,7 @@ def write_records(args: argparse.Namespace, where: dict, split: dict, throughput
              "against": "share with the same tag tree",
              "value": snippets["same_tree"] / snippets["snippets"]}},
     ]  # fmt: skip
-    with args.results.open("a") as out:
-        for record in records:
-            out.write(json.dumps({**base, **record}) + "\n")
+    return [record(**base, **row) for row in rows]
 
 
 if __name__ == "__main__":
