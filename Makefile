@@ -45,6 +45,7 @@ test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /us
 RESULTS ?= build/bench.jsonl
 bench: $(BIN)/.installed
 	$(BIN)/python -m benchmarks.kernels --threads 1 --results $(RESULTS)
+	$(BIN)/python -m benchmarks.bf16 --threads 1 --parts kernels --results $(RESULTS)
 	$(BIN)/python -m benchmarks.generate --threads 2 --max-sentences 128 --repeats 3 \
 		$(or $(ARGS),--random --batch-sizes 1 64) --results $(RESULTS)
 	$(BIN)/python -m benchmarks.roofline $(or $(ARGS),--random --batch-sizes 1 64) \

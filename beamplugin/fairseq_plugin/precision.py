@@ -8,7 +8,12 @@ widened to float32 before the temperature and the log-softmax (beamplugin.engine
 cumulative scores, length normalisation and the stop tests are float32.
 
 Where a precision has no hardware support (checked per device), float16 is refused with a clear
-message. ``--bf16`` on the CPU is never slower than float32: where the CPU has no bfloat16
+message. ``--bf16`` on a CPU with AVX512-BF16 keeps the models in float32 and packs their
+products' weights in bfloat16 for our kernel (beamplugin.kernels.float_products.Bf16Weights):
+each product rounds its rows to bfloat16 and sums in float32, everything else (norms,
+attention, the residual stream) stays float32, so the float32 paths run as they are (a
+transformer's step in one call). Elsewhere the models are cast to bfloat16 (torch's products).
+``--bf16`` on the CPU is never slower than float32: where the CPU has no bfloat16
 arithmetic, or where a load-time trial (:func:`bf16_pays`) decodes the models slower in bfloat16
 than in float32, they decode in float32 and the log says so. ``int8``
 (CPU only) keeps float32 and multiplies the largest weights in int8 instead, each row of
@@ -28,7 +33,7 @@ from fairseq.models.transformer import TransformerModelBase
 from torch import nn
 
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
-from beamplugin.kernels import trials
+from beamplugin.kernels import float_products, trials
 from beamplugin.kernels.trials import Trial
 from beamplugin.modules import int8_weights
 from beamplugin.modules.inference_cache import InferenceCache
@@ -110,7 +115,8 @@ def bf16_pays(models: list[nn.Module]) -> bool:
         shapes.update(type(model).__name__.encode())
         for name, parameter in model.named_parameters():
             shapes.update(f"{name}{tuple(parameter.shape)}".encode())
-    shape = (type(translators[0]).__name__, shapes.hexdigest()[:12])
+    form = "weights" if float_products.bf16_weights_available() else "cast"
+    shape = (type(translators[0]).__name__, shapes.hexdigest()[:12], form)
     sides = "float32, bfloat16"
     if trials.ours_is_faster(BF16_TRIAL, shape, lambda: _bf16_trial(translators), sides):
         return True
@@ -124,13 +130,18 @@ def bf16_pays(models: list[nn.Module]) -> bool:
 
 
 def _bf16_trial(models: list[nn.Module]) -> Trial:
-    """Our generator on a bfloat16 copy of ``models`` against it on ``models`` (float32): beam
-    5, random sources, every hypothesis decoded to the same length."""
+    """Our generator on a bfloat16 copy of ``models`` (bfloat16 weights where our kernel runs,
+    else the models cast) against it on ``models`` (float32): beam 5, random sources, every
+    hypothesis decoded to the same length."""
     first = models[0]
     source, target = first.encoder.dictionary, first.decoder.dictionary
     length = BF16_TRIAL_LENGTH
     options = dict(beam_size=5, max_len_b=length, min_len=length, attention=False)
-    half = [copy.deepcopy(m).to(torch.bfloat16) for m in models]
+    if float_products.bf16_weights_available():
+        half = [copy.deepcopy(m) for m in models]
+        _switch_products(half, int8=False, bf16=True)
+    else:
+        half = [copy.deepcopy(m).to(torch.bfloat16) for m in models]
     in_bf16 = SequenceGenerator(half, target, **options)
     in_float32 = SequenceGenerator(models, target, **options)
     g = torch.Generator().manual_seed(0)
@@ -149,11 +160,24 @@ def _bf16_trial(models: list[nn.Module]) -> Trial:
     )
 
 
+def _switch_products(models: list[nn.Module], int8: bool, bf16: bool) -> None:
+    """Int8 or bfloat16-weight products on or off in ``models``' products: their modules'
+    with inference weights, and fairseq transformers' decoders (whose prepared weights
+    beamplugin.models.transformer_weights makes again when these change)."""
+    for model in models:
+        modules = [m for m in model.modules() if isinstance(m, InferenceCache)]
+        if isinstance(model, TransformerModelBase):
+            modules.append(model.decoder)
+        for module in modules:
+            module.int8_products, module.bf16_products = int8, bf16
+
+
 def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> torch.dtype:
     """Check ``precision`` (a key of PRECISIONS) on the models' devices and cast ``models``
-    (None entries skipped) to it in place; returns the dtype: float32 for ``bf16`` on a CPU
-    where :func:`bf16_pays` says no. The cast drops the models' cached inference weights, which
-    are then made again in that precision on first use."""
+    (None entries skipped) to it in place; returns the dtype the models' activations compute
+    in: float32 for ``bf16`` on a CPU where our bfloat16 kernel multiplies float32 rows on
+    bfloat16 weights, or where :func:`bf16_pays` says no. The cast drops the models' cached
+    inference weights, which are then made again in that precision on first use."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     dtype = PRECISIONS[precision]
@@ -188,13 +212,16 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
             if levels == 127
             else "7-bit weights (torch's int8 products, which sum pairs in 16 bits here)",
         )
+    bf16_weights = False
     if dtype == torch.bfloat16 and devices == {torch.device("cpu")}:
         for model in models:
             model.to(torch.float32)  # the trial's float32 side, and the fallback's models
         if not bf16_pays(models):
             dtype = torch.float32
+        elif float_products.bf16_weights_available():
+            dtype, bf16_weights = torch.float32, True
+            logger.info("--bf16: float32 activations, products on bfloat16 weights (our kernel)")
     for model in models:
         model.to(dtype)
-    for module in caches + transformer_decoders:
-        module.int8_products = precision == "int8"
+    _switch_products(models, precision == "int8", bf16_weights)
     return dtype

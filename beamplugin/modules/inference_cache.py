@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beamplugin.modules.int8_weights import large_for_int8
-from beamplugin.modules.packed_weights import uses_packed_products
+from beamplugin.modules.packed_weights import packs_bf16_weights, uses_packed_products
 from beamplugin.modules.plain_linear import plain_linear
 from beamplugin.modules.prepared_linear import PreparedLinear, columns_of, prepare_linear
 
@@ -31,7 +31,9 @@ class InferenceCache(nn.Module):
         super().__init__(*args, **kwargs)  # the module's own arguments (nn.Linear's)
         self._cache: dict[str, Tensor | None] = {}
         self._cache_key: tuple[tuple[int, int], ...] | None = None
-        self.int8_products = False  # set by beamplugin.fairseq_plugin.precision.cast_for_decoding
+        # set by beamplugin.fairseq_plugin.precision.cast_for_decoding
+        self.int8_products = False
+        self.bf16_products = False  # float32 rows on bfloat16 weights (--bf16)
 
     def cached(self, name: str, make: Callable[[], Tensor | None]) -> Any:
         """``make()``, computed once while the module's parameters are unchanged."""
@@ -82,8 +84,9 @@ class InferenceCache(nn.Module):
         int8 = self.multiplies_in_int8(weight)
         if not int8 and not uses_packed_products(x, weight):
             return None
-        kind = "int8" if int8 else "packed"
-        return self.cached(f"{name} {kind}", lambda: prepare_linear(weight, bias, int8))
+        bf16 = not int8 and self.bf16_products and packs_bf16_weights(weight)
+        kind = "int8" if int8 else "bf16" if bf16 else "packed"
+        return self.cached(f"{name} {kind}", lambda: prepare_linear(weight, bias, int8, bf16=bf16))
 
     def train(self, mode: bool = True) -> InferenceCache:
         self._cache, self._cache_key = {}, None  # training may change parameters behind our back

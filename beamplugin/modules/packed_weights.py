@@ -18,7 +18,8 @@ write of the whole weight on top of the product's own read. Modules keep a packe
 (beamplugin.modules.inference_cache, beamplugin.modules.prepared_linear): faster when the
 weight comes from memory rather than cache, as it does between decoder steps. A model cast to
 bfloat16 or float16 packs its weights in that precision, on CPUs that multiply it in hardware
-(beamplugin.fairseq_plugin.precision).
+(beamplugin.fairseq_plugin.precision); under ``--bf16`` a float32 model's weights are packed in
+bfloat16 for our kernel, which multiplies float32 rows on them (:func:`packs_bf16_weights`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_products, native_library, trials
-from beamplugin.kernels.float_products import Panels
+from beamplugin.kernels.float_products import Bf16Weights, Panels
 from beamplugin.kernels.trials import TRIAL_ROWS, Trial
 
 
@@ -94,6 +95,17 @@ def pack_weight(weight: Tensor) -> PackedWeight | None:
     return onednn_layout(weight)
 
 
+def packs_bf16_weights(weight: Tensor) -> bool:
+    """Whether ``--bf16`` packs ``weight`` in bfloat16 for float32 rows
+    (beamplugin.kernels.float_products.Bf16Weights): float32, on the CPU, where our kernel runs
+    (AVX512-BF16)."""
+    return (
+        weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and float_products.bf16_weights_available()
+    )
+
+
 def onednn_layout(weight: Tensor) -> Tensor | None:
     """``weight`` in oneDNN's blocked layout, None where torch has no packing for it."""
     if _onednn_pack is None or weight.dtype not in ONEDNN_DTYPES:
@@ -125,7 +137,9 @@ def packed_product(
     """``x @ W.T + bias`` (``x`` 2-D) on :func:`pack_weight`'s ``W``, then ``relu`` or plus
     ``residual``, in one call; then ``norm`` (in that call too on our kernel)."""
     if isinstance(packed, Panels):
-        in_call = packed.values.dtype == torch.float32 and norm is not None
+        # float32 products norm in their call; bfloat16 weights' with the same norm kernel after
+        float_rows = packed.values.dtype == torch.float32 or isinstance(packed, Bf16Weights)
+        in_call = float_rows and norm is not None
         if in_call and norm.weight is not None and norm.bias is not None:
             affine = (norm.weight, norm.bias, norm.eps)
             return float_products.product(x, packed, bias, residual, relu, affine)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_products, int8_products
-from beamplugin.kernels.float_products import Panels
+from beamplugin.kernels.float_products import Bf16Weights, Panels
 from beamplugin.modules.int8_weights import Int8Weight, int8_linear, large_for_int8, pack_int8
 from beamplugin.modules.packed_weights import (
     PackedWeight,
@@ -20,6 +20,7 @@ from beamplugin.modules.packed_weights import (
     pack_weight,
     packed_dtypes,
     packed_product,
+    packs_bf16_weights,
 )
 from beamplugin.modules.plain_linear import plain_linear
 
@@ -72,15 +73,22 @@ class PreparedLinear(NamedTuple):
         return normed(self._unfused(x).add_(other), norm)
 
     def on_our_kernels(self) -> bool:
-        """Whether our float32 or int8 kernel multiplies this weight (packed in its panels)."""
+        """Whether our float32, bfloat16-weight or int8 kernel multiplies this weight, on
+        float32 rows (packed in its panels)."""
         if self.int8 is not None:
             return self.int8.panels is not None
-        return isinstance(self.packed, Panels) and self.packed.values.dtype == torch.float32
+        packed = self.packed
+        return isinstance(packed, Bf16Weights) or (
+            isinstance(packed, Panels) and packed.values.dtype == torch.float32
+        )
 
     def _on_packed(self, x: Tensor) -> bool:
-        """Whether ``x`` (2-D) goes through the packed weight (no int8, same dtype, inference)."""
+        """Whether ``x`` (2-D) goes through the packed weight (no int8, the dtype it multiplies,
+        inference)."""
         if self.packed is None or self.int8 is not None or torch.is_grad_enabled():
             return False
+        if isinstance(self.packed, Bf16Weights):
+            return x.dtype == torch.float32
         values = self.packed.values if isinstance(self.packed, Panels) else self.packed
         return x.dtype == values.dtype
 
@@ -99,15 +107,19 @@ def prepare_linear(
     int8: bool = False,
     keep_weight: bool = True,
     read: Callable[[Tensor], object] | None = None,
+    bf16: bool = False,
 ) -> PreparedLinear:
     """``weight`` and ``bias`` (detached) ready for products without autograd; with ``int8``,
     a weight :func:`large_for_int8` is multiplied in int8 (``read`` as
-    :func:`pack_int8`'s). Without ``keep_weight`` the plain weight is not kept where our
-    kernels multiply it (a copy made for them, as stacked projections are)."""
+    :func:`pack_int8`'s); with ``bf16`` (``--bf16``), a weight :func:`packs_bf16_weights`
+    takes is packed in bfloat16 for float32 rows. Without ``keep_weight`` the plain weight is
+    not kept where our kernels multiply it (a copy made for them, as stacked projections are)."""
     weight = weight.detach()
     bias = None if bias is None else bias.detach()
     if int8 and large_for_int8(weight):
         prepared = PreparedLinear(weight, bias, None, pack_int8(weight, bias, read))
+    elif bf16 and packs_bf16_weights(weight):
+        prepared = PreparedLinear(weight, bias, float_products.pack_bf16_weights(weight), None)
     else:
         on_packed = weight.device.type == "cpu" and weight.dtype in packed_dtypes()
         prepared = PreparedLinear(weight, bias, pack_weight(weight) if on_packed else None, None)

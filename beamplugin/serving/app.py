@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from beamplugin.search.constraints import Constraints
 from beamplugin.serving.admission import Admission
 from beamplugin.serving.documents.files import translate_file
 from beamplugin.serving.documents.translation import translate_documents
@@ -173,10 +174,7 @@ class TranslationService:
                 find_terms,
             )  # fmt: skip
         else:
-            applied = [find_terms(line) if find_terms else [] for line in ask.lines]
-            constraints = None
-            if find_terms is not None:
-                constraints = [constraints_of(terms) or None for terms in applied]
+            applied, constraints = _sentence_terms(find_terms, ask.lines)
             translations = await self.admission.translate(ask.lines, nbest, ask.pair, constraints)
             texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
@@ -242,15 +240,20 @@ class TranslationService:
         body = await read_body(request)
         self.guards.admit(request, body)
         ask = NbestRequest.parse(body, self.served)
-        translations = await self.admission.translate(ask.sentences, ask.nbest, ask.pair)
-        return json_answer(
-            {
-                "translations": [
-                    {"hypotheses": [_hypothesis(h, ask.alignment) for h in hypotheses]}
-                    for hypotheses in translations
-                ]
-            }
+        applied, constraints = _sentence_terms(self._terms_finder(ask.glossary), ask.sentences)
+        translations = await self.admission.translate(
+            ask.sentences, ask.nbest, ask.pair, constraints
         )
+        answers = []
+        for hypotheses, terms in zip(translations, applied, strict=True):
+            answer: dict[str, Any] = {
+                "hypotheses": [_hypothesis(h, ask.alignment) for h in hypotheses]
+            }
+            if ask.glossary is not None:
+                answer["glossaryApplied"] = [{"source": t.source, "target": t.target}
+                                             for t in terms]  # fmt: skip
+            answers.append(answer)
+        return json_answer({"translations": answers})
 
     async def detect(self, request: web.Request) -> web.Response:
         """LibreTranslate's ``/detect``: ``q`` a text -> the model's source languages the
@@ -311,6 +314,17 @@ class TranslationService:
         inline = json.dumps(settings).replace("<", "\\u003c")
         html = PAGE.read_text().replace("__SETTINGS__", inline)
         return web.Response(text=html, content_type="text/html")
+
+
+def _sentence_terms(
+    find_terms: Callable[[str], list[Term]] | None, sentences: list[str]
+) -> tuple[list[list[Term]], list[Constraints | None] | None]:
+    """The glossary's terms found in each of ``sentences`` and the constraints they make (a
+    sentence without terms: None); no terms and no constraints without a glossary."""
+    if find_terms is None:
+        return [[] for _ in sentences], None
+    applied = [find_terms(sentence) for sentence in sentences]
+    return applied, [constraints_of(terms) or None for terms in applied]
 
 
 def _hypothesis(translation: Translation, alignment: bool) -> dict[str, Any]:

@@ -46,8 +46,8 @@ DECODING_OPTIONS = [
     (("--cpu",), None, "decode on the CPU even when CUDA is there"),
     (("--bf16",), None, "decode in bfloat16 (also --fp16, --int8)"),
     (("--print-alignment",), None, "serve alignments (/v1/translate's 'alignment')"),
-    (("--constraints",), "ordered|unordered", "apply requests' glossaries, their target terms "
-     "in the order their source terms are found (ordered) or in any order (unordered)"),
+    (("--constraints",), "ordered|unordered", "apply glossaries: their target terms in the "
+     "order their source terms are found (ordered) or in any order (unordered)"),
 ]
 
 

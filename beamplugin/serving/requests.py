@@ -296,12 +296,14 @@ def glossary_field(body: dict[str, Any], served: Served) -> list[tuple[str, str]
 @dataclass(frozen=True)
 class NbestRequest:
     """``/v1/translate``: ``sentences``, ``nbest`` hypotheses of each, with ``alignment``, in
-    ``pair`` (the default one unless ``source``/``target`` say)."""
+    ``pair`` (the default one unless ``source``/``target`` say), under ``glossary`` (as
+    /translate's)."""
 
     sentences: list[str]
     nbest: int
     alignment: bool
     pair: Pair
+    glossary: list[tuple[str, str]] | str | None = None
 
     @classmethod
     def parse(cls, body: dict[str, Any], served: Served) -> NbestRequest:
@@ -315,7 +317,7 @@ class NbestRequest:
             raise Refused(400, "'alignment' must be true or false")
         if alignment and not served.aligns:
             raise Refused(400, "alignments are served when the server runs with --print-alignment")
-        return cls(sentences, nbest, alignment, pair)
+        return cls(sentences, nbest, alignment, pair, glossary_field(body, served))
 
 
 def _check_encodable(text: str, where: str) -> None:

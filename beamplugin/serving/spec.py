@@ -283,6 +283,7 @@ def _v1_request(s: SpecSettings) -> dict[str, Any]:
                 + ("" if s.aligns else " (this server runs without --print-alignment: 400)"),
             },  # fmt: skip
             **_pair(s, optional=True),
+            "glossary": _glossary(s),
             "api_key": {"type": "string"},
         },
     }
@@ -370,7 +371,13 @@ def _schemas(s: SpecSettings) -> dict[str, Any]:
                         "properties": {
                             "hypotheses": {"type": "array", "items": hypothesis,
                                            "minItems": 1, "maxItems": s.beam},  # fmt: skip
+                            "glossaryApplied": {
+                                "type": "array", "items": applied,
+                                "description": "with a glossary: the terms found in the "
+                                               "sentence",
+                            },  # fmt: skip
                         },
+                        "additionalProperties": False,
                     },
                 }
             },
