@@ -202,11 +202,14 @@ def html_snippets(url: str, source: list[str], count: int) -> dict:
         return " ".join(body.text_content().split())
 
     pairs = list(zip(snippets, translated, strict=True))
+    # a snippet whose every block is translate="no" has nothing to translate
+    translatable = [(s, t) for s, t in pairs if outside_kept(s)]
     return {
         "snippets": count,
         "same_tree": sum(tag_tree(t) == tag_tree(s) for s, t in pairs),
         "kept": sum(KEPT.findall(t) == KEPT.findall(s) for s, t in pairs),
-        "translated": sum(outside_kept(t) != outside_kept(s) for s, t in pairs),
+        "translatable": len(translatable),
+        "translated": sum(outside_kept(t) != outside_kept(s) for s, t in translatable),
     }
 
 
@@ -257,7 +260,8 @@ def main() -> None:
           f"joined: {throughput['identical']} of the {throughput['comparable']} cut into their "
           "lines")
     print(f"(c) {snippets['snippets']} HTML snippets: tag tree identical {snippets['same_tree']}, "
-          f"untranslated parts kept {snippets['kept']}, text translated {snippets['translated']}")
+          f"untranslated parts kept {snippets['kept']}, text translated in "
+          f"{snippets['translated']} of the {snippets['translatable']} with text to translate")
     append_records(args.results, records(args, split, throughput, snippets))
 
 
