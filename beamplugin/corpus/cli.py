@@ -3,7 +3,8 @@ corpus's own, then the job (beamplugin.corpus.job) on this process's stream, or 
 cluster with ``--ray``; the summary on stdout. Exit status: 0, or ``EXIT_LINES_REFUSED`` (3)
 when some line was rejected (as fairseq-interactive in this project), 2 for unusable input (a
 glossary included). ``--glossary FILE.tsv`` (with ``--constraints``): the server's glossaries,
-the terms found in each line put in its translation."""
+the terms found in each line (each sentence of it with ``--split-sentences``) put in its
+translation."""
 
 from __future__ import annotations
 
@@ -48,7 +49,13 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus = parser.add_argument_group("Corpus")
     corpus.add_argument(
         "--input", dest="inputs", nargs="+", required=True, metavar="FILE",
-        help="text files, one sentence a line, plain or gzip; a quoted glob matches several",
+        help="text files, one sentence a line (a document a line with --split-sentences), "
+        "plain or gzip; a quoted glob matches several",
+    )  # fmt: skip
+    corpus.add_argument(
+        "--split-sentences", action="store_true",
+        help="each line is a document: cut into sentences as the server cuts a text, each "
+        "translated alone, the line put back together with its own blanks",
     )  # fmt: skip
     corpus.add_argument(
         "--output", required=True, metavar="DIR",
@@ -61,7 +68,8 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus.add_argument(
         "--glossary", metavar="FILE.tsv",
         help="with --constraints ordered|unordered: source<TAB>target a line; the target of "
-        "each source term found in a line is put in its translation",
+        "each source term found in a line (in each sentence with --split-sentences) is put "
+        "in its translation",
     )  # fmt: skip
     cluster = parser.add_argument_group("Ray cluster")
     cluster.add_argument(
@@ -125,12 +133,14 @@ def make_runner(
     args: argparse.Namespace, cfg: DictConfig, glossary: list[tuple[str, str]] | None
 ) -> Runner:
     if args.ray is None:
-        return LocalRunner(cfg, glossary)
+        return LocalRunner(cfg, args.split_sentences, glossary)
     if not (args.ray or os.environ.get("RAY_ADDRESS")):
         os.environ.setdefault(*RAY_LOOPBACK)
     from beamplugin.corpus.ray_runner import RayRunner  # Ray is imported with --ray only
 
-    return RayRunner(cfg, args.ray, args.workers, args.cpus_per_worker, glossary)
+    return RayRunner(
+        cfg, args.ray, args.workers, args.cpus_per_worker, args.split_sentences, glossary
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

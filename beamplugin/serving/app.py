@@ -7,18 +7,18 @@ while the aiohttp event loop only parses, encodes and answers. Options are fairs
 server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation is what
 fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
-Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into
-sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect`` and
-``GET /languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a .txt, .html,
-.srt or .docx file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``, ``GET
+Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into sentences),
+``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect`` and ``GET
+/languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a .txt, .html, .srt,
+.docx or .odt file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``, ``GET
 /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET /docs`` (it,
 readable) and ``GET /`` (a page to try it). Bad input is answered with a status and ``{"error":
-"..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body neither JSON nor a form
-(nor multipart for a file), 503 with Retry-After when the queue has no room. Guards
-(beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
-requests per minute, 400 over the character limit. A client that goes away, or a request not
-answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT) stops
-taking requests, answers every accepted one, then exits 0.
+"..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body neither JSON nor a form (nor
+multipart for a file), 503 with Retry-After when the queue has no room. Guards
+(beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's requests
+per minute, 400 over the character limit. A client that goes away, or a request not answered within
+``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT) stops taking requests,
+answers every accepted one, then exits 0.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ DOCS = Path(__file__).with_name("docs.html")
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate", "/translate_file")
 FILE_TYPES = {".txt": "text/plain", ".html": "text/html", ".htm": "text/html",
               ".srt": "application/x-subrip",
-              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
+              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+              ".odt": "application/vnd.oasis.opendocument.text"}
+BINARY = (".docx", ".odt")  # no charset in their content type
 
 
 class TranslationService:
@@ -212,7 +214,7 @@ class TranslationService:
         extension = "." + name.rpartition(".")[2].lower()
         return web.Response(body=data, headers={
             "Content-Type": FILE_TYPES[extension]
-            + ("" if extension == ".docx" else "; charset=utf-8"),
+            + ("" if extension in BINARY else "; charset=utf-8"),
             "Content-Disposition": f'attachment; filename="{name}"',
         })  # fmt: skip
 

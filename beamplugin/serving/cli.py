@@ -96,7 +96,8 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     server.add_argument(
         "--max-request-sentences", type=int, metavar="N",
-        help="sentences in one request (default: 64, or --max-queued if smaller)",
+        help="sentences in one request, a document (a text to split, a file) counting as one "
+        "(default: 64, or --max-queued if smaller)",
     )  # fmt: skip
     server.add_argument(
         "--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",
