@@ -67,11 +67,13 @@ class Timing(NamedTuple):
 
 
 class ServerProcess:
-    """beamplugin-serve on a free port of 127.0.0.1 (an hour at most)."""
+    """beamplugin-serve on a free port of 127.0.0.1, killed by ``timeout`` past ``lifetime``
+    seconds."""
 
-    def __init__(self, arguments: list[str], threads: int) -> None:
-        command = ["timeout", "-k", "10", "3600", str(BIN / "beamplugin-serve"), *arguments,
-                   "--host", "127.0.0.1", "--port", "0", "--max-queued", "1024"]  # fmt: skip
+    def __init__(self, arguments: list[str], threads: int, lifetime: float = 3600) -> None:
+        command = ["timeout", "-k", "10", str(int(lifetime)), str(BIN / "beamplugin-serve"),
+                   *arguments, "--host", "127.0.0.1", "--port", "0",
+                   "--max-queued", "1024"]  # fmt: skip
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
