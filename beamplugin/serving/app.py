@@ -27,9 +27,7 @@ import asyncio
 import json
 import logging
 import signal
-import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -45,6 +43,7 @@ from beamplugin.serving.glossary_lookup import GlossaryLookup, sentence_terms
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
+from beamplugin.serving.middleware import answering_errors
 from beamplugin.serving.requests import (
     FileRequest,
     LibreRequest,
@@ -61,7 +60,6 @@ logger = logging.getLogger("beamplugin.serving.app")
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
-TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate", "/translate_file")
 
 
 class TranslationService:
@@ -101,7 +99,8 @@ class TranslationService:
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(client_max_size=max_body_bytes, middlewares=[self._answer_errors])
+        middleware = answering_errors(self.metrics, lambda: self.admission.stopping)
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[middleware])
         app.router.add_get("/", self.page)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
@@ -114,43 +113,6 @@ class TranslationService:
         app.router.add_post("/translate_file", self.libre_translate_file)
         app.router.add_get("/download_file/{key}/{name}", self.download_file)
         return app
-
-    @web.middleware
-    async def _answer_errors(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Every error as JSON; requests counted and translation requests timed."""
-        started = time.perf_counter()
-        endpoint = request.match_info.route.resource
-        path = endpoint.canonical if endpoint is not None else "other"
-        try:
-            response = await handler(request)
-        except Refused as refused:
-            if refused.reason is not None:
-                self.metrics.rejected.labels(refused.reason).inc()
-            response = json_answer(
-                {"error": refused.message}, status=refused.status, headers=refused.headers
-            )
-        except asyncio.CancelledError:  # the client went away; its sentences are cancelled
-            self.metrics.requests.labels(path, "499").inc()
-            raise
-        except web.HTTPException as error:  # aiohttp's own: 404, 405, 413 ...
-            if error.status < 400:
-                raise
-            response = json_answer(
-                {"error": error.text or error.reason}, status=error.status, headers={
-                    k: v for k, v in error.headers.items() if k.lower() == "allow"
-                },
-            )  # fmt: skip
-        except Exception as error:  # a failing model: the client is told, the server goes on
-            logger.exception("%s %s failed", request.method, request.path)
-            response = json_answer({"error": f"internal error: {error}"}, status=500)
-        self.metrics.requests.labels(path, str(response.status)).inc()
-        if path in TRANSLATION_ENDPOINTS:
-            self.metrics.latency.labels(path).observe(time.perf_counter() - started)
-        if self.admission.stopping:
-            response.force_close()
-        return response
 
     # ---- translation -------------------------------------------------------------------------
 
