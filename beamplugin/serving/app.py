@@ -27,24 +27,23 @@ import asyncio
 import json
 import logging
 import signal
-import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from beamplugin.search.constraints import Constraints
 from beamplugin.serving.admission import Admission
+from beamplugin.serving.answers import libre_answer, nbest_answer
 from beamplugin.serving.documents.files import translate_file
 from beamplugin.serving.documents.translation import translate_documents
-from beamplugin.serving.downloads import Downloads
-from beamplugin.serving.glossary import Glossary, Term, constraints_of
+from beamplugin.serving.downloads import Downloads, download_headers
+from beamplugin.serving.glossary import Glossary
+from beamplugin.serving.glossary_lookup import GlossaryLookup, sentence_terms
 from beamplugin.serving.guards import Guards
 from beamplugin.serving.language_names import language_name
 from beamplugin.serving.metrics import ServerMetrics
+from beamplugin.serving.middleware import answering_errors
 from beamplugin.serving.requests import (
     FileRequest,
     LibreRequest,
@@ -55,18 +54,12 @@ from beamplugin.serving.requests import (
 )
 from beamplugin.serving.responses import Refused, json_answer
 from beamplugin.serving.spec import SpecSettings, openapi
-from beamplugin.serving.translator import Translation, Translator
+from beamplugin.serving.translator import Translator
 
 logger = logging.getLogger("beamplugin.serving.app")
 
 PAGE = Path(__file__).with_name("page.html")
 DOCS = Path(__file__).with_name("docs.html")
-TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate", "/translate_file")
-FILE_TYPES = {".txt": "text/plain", ".html": "text/html", ".htm": "text/html",
-              ".srt": "application/x-subrip",
-              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-              ".odt": "application/vnd.oasis.opendocument.text"}
-BINARY = (".docx", ".odt")  # no charset in their content type
 
 
 class TranslationService:
@@ -85,7 +78,8 @@ class TranslationService:
         glossaries: dict[str, Glossary] | None = None,
     ) -> None:
         self.translator = translator
-        self.glossaries = glossaries or {}
+        glossaries = glossaries or {}
+        self.glossaries = GlossaryLookup(translator, glossaries)
         self.guards = guards or Guards()
         self.metrics = ServerMetrics(translator)
         translator.observe(self.metrics)
@@ -93,7 +87,7 @@ class TranslationService:
             translator, self.guards, self.metrics, max_request_sentences, request_timeout
         )
         self.downloads = Downloads()
-        self.served = served = Served.of(translator, glossary_terms, tuple(self.glossaries))
+        self.served = served = Served.of(translator, glossary_terms, tuple(glossaries))
         languages = served.languages
         self.spec = openapi(SpecSettings(
             languages.default, languages.sources(), sorted({t for _, t in languages.pairs}),
@@ -105,7 +99,8 @@ class TranslationService:
         ))  # fmt: skip
 
     def app(self, max_body_bytes: int) -> web.Application:
-        app = web.Application(client_max_size=max_body_bytes, middlewares=[self._answer_errors])
+        middleware = answering_errors(self.metrics, lambda: self.admission.stopping)
+        app = web.Application(client_max_size=max_body_bytes, middlewares=[middleware])
         app.router.add_get("/", self.page)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
@@ -119,43 +114,6 @@ class TranslationService:
         app.router.add_get("/download_file/{key}/{name}", self.download_file)
         return app
 
-    @web.middleware
-    async def _answer_errors(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Every error as JSON; requests counted and translation requests timed."""
-        started = time.perf_counter()
-        endpoint = request.match_info.route.resource
-        path = endpoint.canonical if endpoint is not None else "other"
-        try:
-            response = await handler(request)
-        except Refused as refused:
-            if refused.reason is not None:
-                self.metrics.rejected.labels(refused.reason).inc()
-            response = json_answer(
-                {"error": refused.message}, status=refused.status, headers=refused.headers
-            )
-        except asyncio.CancelledError:  # the client went away; its sentences are cancelled
-            self.metrics.requests.labels(path, "499").inc()
-            raise
-        except web.HTTPException as error:  # aiohttp's own: 404, 405, 413 ...
-            if error.status < 400:
-                raise
-            response = json_answer(
-                {"error": error.text or error.reason}, status=error.status, headers={
-                    k: v for k, v in error.headers.items() if k.lower() == "allow"
-                },
-            )  # fmt: skip
-        except Exception as error:  # a failing model: the client is told, the server goes on
-            logger.exception("%s %s failed", request.method, request.path)
-            response = json_answer({"error": f"internal error: {error}"}, status=500)
-        self.metrics.requests.labels(path, str(response.status)).inc()
-        if path in TRANSLATION_ENDPOINTS:
-            self.metrics.latency.labels(path).observe(time.perf_counter() - started)
-        if self.admission.stopping:
-            response.force_close()
-        return response
-
     # ---- translation -------------------------------------------------------------------------
 
     async def libre_translate(self, request: web.Request) -> web.Response:
@@ -166,7 +124,7 @@ class TranslationService:
         self.guards.admit(request, body)
         ask = LibreRequest.parse(body, self.served)
         nbest = 1 + ask.alternatives
-        find_terms = self._terms_finder(ask.glossary)
+        find_terms = self.glossaries.finder(ask.glossary)
         if ask.split:  # documents: the characters counted as sent, markup and blanks included
             self.guards.check_characters(ask.lines)
             texts, applied = await translate_documents(
@@ -174,22 +132,10 @@ class TranslationService:
                 find_terms,
             )  # fmt: skip
         else:
-            applied, constraints = _sentence_terms(find_terms, ask.lines)
+            applied, constraints = sentence_terms(find_terms, ask.lines)
             translations = await self.admission.translate(ask.lines, nbest, ask.pair, constraints)
             texts = [[h.text for h in hypotheses] for hypotheses in translations]
-        answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
-        if ask.alternatives:
-            answer["alternatives"] = [t[1:] for t in texts]
-        if ask.glossary is not None:
-            answer["glossaryApplied"] = [
-                [{"source": t.source, "target": t.target} for t in terms] for terms in applied
-            ]
-        if ask.single:
-            answer = {key: value[0] for key, value in answer.items()}
-        if ask.detected is not None:
-            answer["detectedLanguage"] = {"language": ask.detected[0],
-                                          "confidence": ask.detected[1]}  # fmt: skip
-        return json_answer(answer)
+        return json_answer(libre_answer(ask, texts, applied))
 
     async def libre_translate_file(self, request: web.Request) -> web.Response:
         """LibreTranslate's ``/translate_file``: a multipart form's ``file`` translated into a
@@ -211,28 +157,7 @@ class TranslationService:
         if data is None:
             minutes = self.downloads.lifetime / 60
             raise Refused(404, f"no such file: translated files are kept {minutes:g} minutes")
-        extension = "." + name.rpartition(".")[2].lower()
-        return web.Response(body=data, headers={
-            "Content-Type": FILE_TYPES[extension]
-            + ("" if extension in BINARY else "; charset=utf-8"),
-            "Content-Disposition": f'attachment; filename="{name}"',
-        })  # fmt: skip
-
-    def _terms_finder(
-        self, glossary: list[tuple[str, str]] | str | None
-    ) -> Callable[[str], list[Term]] | None:
-        """What finds a sentence's terms of a request's ``glossary`` (its terms or the name of
-        one loaded at the start); None without one."""
-        if glossary is None:
-            return None
-        if isinstance(glossary, str):
-            terms = self.glossaries[glossary]
-        else:
-            try:
-                terms = self.translator.glossary(glossary)
-            except ValueError as error:
-                raise Refused(400, f"'glossary': {error}") from None
-        return lambda text: terms.find(self.translator.pieces(text))
+        return web.Response(body=data, headers=download_headers(name))
 
     async def translate_nbest(self, request: web.Request) -> web.Response:
         """``{"sentences": [...], "nbest": k, "alignment": bool}`` -> per sentence, in order,
@@ -240,20 +165,12 @@ class TranslationService:
         body = await read_body(request)
         self.guards.admit(request, body)
         ask = NbestRequest.parse(body, self.served)
-        applied, constraints = _sentence_terms(self._terms_finder(ask.glossary), ask.sentences)
+        find_terms = self.glossaries.finder(ask.glossary)
+        applied, constraints = sentence_terms(find_terms, ask.sentences)
         translations = await self.admission.translate(
             ask.sentences, ask.nbest, ask.pair, constraints
         )
-        answers = []
-        for hypotheses, terms in zip(translations, applied, strict=True):
-            answer: dict[str, Any] = {
-                "hypotheses": [_hypothesis(h, ask.alignment) for h in hypotheses]
-            }
-            if ask.glossary is not None:
-                answer["glossaryApplied"] = [{"source": t.source, "target": t.target}
-                                             for t in terms]  # fmt: skip
-            answers.append(answer)
-        return json_answer({"translations": answers})
+        return json_answer(nbest_answer(ask, translations, applied))
 
     async def detect(self, request: web.Request) -> web.Response:
         """LibreTranslate's ``/detect``: ``q`` a text -> the model's source languages the
@@ -314,29 +231,6 @@ class TranslationService:
         inline = json.dumps(settings).replace("<", "\\u003c")
         html = PAGE.read_text().replace("__SETTINGS__", inline)
         return web.Response(text=html, content_type="text/html")
-
-
-def _sentence_terms(
-    find_terms: Callable[[str], list[Term]] | None, sentences: list[str]
-) -> tuple[list[list[Term]], list[Constraints | None] | None]:
-    """The glossary's terms found in each of ``sentences`` and the constraints they make (a
-    sentence without terms: None); no terms and no constraints without a glossary."""
-    if find_terms is None:
-        return [[] for _ in sentences], None
-    applied = [find_terms(sentence) for sentence in sentences]
-    return applied, [constraints_of(terms) or None for terms in applied]
-
-
-def _hypothesis(translation: Translation, alignment: bool) -> dict[str, Any]:
-    answer: dict[str, Any] = {
-        "text": translation.text,
-        "pieces": translation.pieces,
-        "score": translation.score,
-        "positional_scores": translation.positional_scores,
-    }
-    if alignment:
-        answer["alignment"] = translation.alignment
-    return answer
 
 
 async def serve(

@@ -11,6 +11,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+CONTENT_TYPES = {".txt": "text/plain", ".html": "text/html", ".htm": "text/html",
+                 ".srt": "application/x-subrip",
+                 ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+                 ".odt": "application/vnd.oasis.opendocument.text"}  # fmt: skip
+BINARY = (".docx", ".odt")  # no charset in their content type
+
 
 class Downloads:
     def __init__(
@@ -46,3 +52,14 @@ class Downloads:
     def _remove(self, key: str) -> None:
         del self._kept[key]
         (Path(self._directory.name) / key).unlink(missing_ok=True)
+
+
+def download_headers(name: str) -> dict[str, str]:
+    """The headers of a kept file's download: its content type (by its extension, one that
+    ``POST /translate_file`` takes) and its name to save it as."""
+    extension = "." + name.rpartition(".")[2].lower()
+    return {
+        "Content-Type": CONTENT_TYPES[extension]
+        + ("" if extension in BINARY else "; charset=utf-8"),
+        "Content-Disposition": f'attachment; filename="{name}"',
+    }

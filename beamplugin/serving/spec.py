@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ERROR = {"$ref": "#/components/schemas/Error"}
+STRINGS = {"type": "array", "items": {"type": "string"}}
 
 
 @dataclass(frozen=True)
@@ -62,119 +63,157 @@ def _info(s: SpecSettings) -> dict[str, Any]:
 def _paths(s: SpecSettings) -> dict[str, Any]:
     """Every endpoint: its request, its answers, its errors."""
     security = [{"bearer": []}, {}] if s.keys else []
-    translation_errors = _translation_errors(s)
     return {
-        "/translate": {"post": {
-            "summary": "Translate (LibreTranslate's API)",
-            "security": security,
-            "requestBody": _body(_libre_request(s)),
-            "responses": {
-                "200": _json("The translations", {"$ref": "#/components/schemas/Libre"}),
-                **translation_errors,
-            },
-        }},  # fmt: skip
-        "/v1/translate": {"post": {
-            "summary": "Translate, with n-best lists, scores and alignments",
-            "security": security,
-            "requestBody": _body(_v1_request(s)),
-            "responses": {
-                "200": _json("Per sentence, in order, its best hypotheses",
-                             {"$ref": "#/components/schemas/NBest"}),
-                **translation_errors,
-            },  # fmt: skip
-        }},
-        "/detect": {"post": {
-            "summary": "The language of a text, among the model's source languages "
-                       "(LibreTranslate's)",
-            "security": security,
-            "requestBody": _body({
-                "type": "object", "required": ["q"],
-                "properties": {"q": {"type": "string"}, "api_key": {"type": "string"}},
+        "/translate": {"post": _translate(s, security)},
+        "/v1/translate": {"post": _v1_translate(s, security)},
+        "/detect": {"post": _detect(s, security)},
+        "/translate_file": {"post": _translate_file(s, security)},
+        "/download_file/{key}/{name}": {"get": _download_file()},
+        "/languages": {"get": _languages_endpoint()},
+        "/health": {"get": _health()},
+        "/metrics": {"get": _metrics(s, security)},
+        **_pages(),
+    }
+
+
+def _translate(s: SpecSettings, security: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "summary": "Translate (LibreTranslate's API)",
+        "security": security,
+        "requestBody": _body(_libre_request(s)),
+        "responses": {
+            "200": _json("The translations", {"$ref": "#/components/schemas/Libre"}),
+            **_translation_errors(s),
+        },
+    }
+
+
+def _v1_translate(s: SpecSettings, security: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "summary": "Translate, with n-best lists, scores and alignments",
+        "security": security,
+        "requestBody": _body(_v1_request(s)),
+        "responses": {
+            "200": _json("Per sentence, in order, its best hypotheses",
+                         {"$ref": "#/components/schemas/NBest"}),
+            **_translation_errors(s),
+        },  # fmt: skip
+    }
+
+
+def _detect(s: SpecSettings, security: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "summary": "The language of a text, among the model's source languages "
+                   "(LibreTranslate's)",
+        "security": security,
+        "requestBody": _body({
+            "type": "object", "required": ["q"],
+            "properties": {"q": {"type": "string"}, "api_key": {"type": "string"}},
+        }),
+        "responses": {
+            "200": _json("The source languages the detector knows, most likely first", {
+                "type": "array", "items": {"$ref": "#/components/schemas/Detected"},
             }),
-            "responses": {
-                "200": _json("The source languages the detector knows, most likely first", {
-                    "type": "array", "items": {"$ref": "#/components/schemas/Detected"},
-                }),
-                **_errors(
-                    (400, "No text, or more characters than --char-limit"),
-                    (403, "No API key, or an unknown one") if s.keys else None,
-                    (413, "The body is larger than --max-body-bytes"),
-                    (415, "The body is neither JSON nor a URL-encoded form"),
-                    (429, "Over the key's (or the client address's) requests per minute", True),
-                ),
+            **_errors(
+                (400, "No text, or more characters than --char-limit"),
+                (403, "No API key, or an unknown one") if s.keys else None,
+                (413, "The body is larger than --max-body-bytes"),
+                (415, "The body is neither JSON nor a URL-encoded form"),
+                (429, "Over the key's (or the client address's) requests per minute", True),
+            ),
+        },
+    }  # fmt: skip
+
+
+def _translate_file(s: SpecSettings, security: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "summary": "Translate a file (LibreTranslate's): .txt and .html as /translate's "
+                   "text and html, .srt one cue a sentence, numbering and timings kept, "
+                   ".docx and .odt their paragraphs, runs and the rest kept",
+        "security": security,
+        "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file", "source", "target"],
+            "properties": {
+                "file": {"type": "string", "contentMediaType": "application/octet-stream",
+                         "description": ".txt, .html, .htm or .srt (UTF-8), .docx or .odt"},
+                **_pair(s, optional=False),
+                "api_key": {"type": "string"},
             },
-        }},  # fmt: skip
-        "/translate_file": {"post": {
-            "summary": "Translate a file (LibreTranslate's): .txt and .html as /translate's "
-                       "text and html, .srt one cue a sentence, numbering and timings kept, "
-                       ".docx and .odt their paragraphs, runs and the rest kept",
-            "security": security,
-            "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
-                "type": "object", "required": ["file", "source", "target"],
+        }}}},
+        "responses": {
+            "200": _json("Where to download the translated file, of the same format, for "
+                         "10 minutes (the 100 newest files are kept)", {
+                "type": "object", "required": ["translatedFileUrl"],
+                "properties": {"translatedFileUrl": {"type": "string", "format": "uri"}},
+                "additionalProperties": False,
+            }),
+            **_translation_errors(s, "The body is not multipart/form-data",
+                                  "no file, an extension not listed, an empty file or "
+                                  "one not UTF-8, a .srt, .docx or .odt that does not parse"),
+        },
+    }  # fmt: skip
+
+
+def _download_file() -> dict[str, Any]:
+    return {
+        "summary": "A file /translate_file translated (its URL is its key: no API key)",
+        "parameters": [{"name": name, "in": "path", "required": True,
+                        "schema": {"type": "string"}} for name in ("key", "name")],
+        "responses": {
+            "200": {"description": "The file", "content": {
+                media: {"schema": {"type": "string"}}
+                for media in ("text/plain", "text/html", "application/x-subrip",
+                              "application/vnd.openxmlformats-officedocument"
+                              ".wordprocessingml.document")
+            }},
+            **_errors((404, "No such file, or no longer: files are kept 10 minutes")),
+        },
+    }  # fmt: skip
+
+
+def _languages_endpoint() -> dict[str, Any]:
+    return {
+        "summary": "The language pairs (LibreTranslate's)",
+        "responses": {"200": _json("Each source language, its name and its targets", {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["code", "name", "targets"],
                 "properties": {
-                    "file": {"type": "string", "contentMediaType": "application/octet-stream",
-                             "description": ".txt, .html, .htm or .srt (UTF-8), .docx or .odt"},
-                    **_pair(s, optional=False),
-                    "api_key": {"type": "string"},
+                    "code": {"type": "string"}, "name": {"type": "string"},
+                    "targets": {"type": "array", "items": {"type": "string"}},
                 },
-            }}}},
-            "responses": {
-                "200": _json("Where to download the translated file, of the same format, for "
-                             "10 minutes (the 100 newest files are kept)", {
-                    "type": "object", "required": ["translatedFileUrl"],
-                    "properties": {"translatedFileUrl": {"type": "string", "format": "uri"}},
-                    "additionalProperties": False,
-                }),
-                **_translation_errors(s, "The body is not multipart/form-data",
-                                      "no file, an extension not listed, an empty file or "
-                                      "one not UTF-8, a .srt, .docx or .odt that does not parse"),
             },
-        }},
-        "/download_file/{key}/{name}": {"get": {
-            "summary": "A file /translate_file translated (its URL is its key: no API key)",
-            "parameters": [{"name": name, "in": "path", "required": True,
-                            "schema": {"type": "string"}} for name in ("key", "name")],
-            "responses": {
-                "200": {"description": "The file", "content": {
-                    media: {"schema": {"type": "string"}}
-                    for media in ("text/plain", "text/html", "application/x-subrip",
-                                  "application/vnd.openxmlformats-officedocument"
-                                  ".wordprocessingml.document")
-                }},
-                **_errors((404, "No such file, or no longer: files are kept 10 minutes")),
-            },
-        }},
-        "/languages": {"get": {
-            "summary": "The language pairs (LibreTranslate's)",
-            "responses": {"200": _json("Each source language, its name and its targets", {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["code", "name", "targets"],
-                    "properties": {
-                        "code": {"type": "string"}, "name": {"type": "string"},
-                        "targets": {"type": "array", "items": {"type": "string"}},
-                    },
-                },
-            })},
-        }},  # fmt: skip
-        "/health": {"get": {
-            "summary": "Whether the server translates (open, for load balancers)",
-            "responses": {
-                "200": _json("It translates", {"$ref": "#/components/schemas/Health"}),
-                "503": _json("It does not: failed, restarting its decoder, or stopping",
-                             {"$ref": "#/components/schemas/Health"}),
-            },
-        }},  # fmt: skip
-        "/metrics": {"get": {
-            "summary": "Prometheus metrics",
-            "security": [] if s.metrics_open else security,
-            "responses": {
-                "200": {"description": "Prometheus' text format",
-                        "content": {"text/plain": {"schema": {"type": "string"}}}},
-                **_errors(None if s.metrics_open else (403, "No API key, or an unknown one")),
-            },
-        }},  # fmt: skip
+        })},
+    }  # fmt: skip
+
+
+def _health() -> dict[str, Any]:
+    return {
+        "summary": "Whether the server translates (open, for load balancers)",
+        "responses": {
+            "200": _json("It translates", {"$ref": "#/components/schemas/Health"}),
+            "503": _json("It does not: failed, restarting its decoder, or stopping",
+                         {"$ref": "#/components/schemas/Health"}),
+        },
+    }  # fmt: skip
+
+
+def _metrics(s: SpecSettings, security: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "summary": "Prometheus metrics",
+        "security": [] if s.metrics_open else security,
+        "responses": {
+            "200": {"description": "Prometheus' text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}}},
+            **_errors(None if s.metrics_open else (403, "No API key, or an unknown one")),
+        },
+    }  # fmt: skip
+
+
+def _pages() -> dict[str, Any]:
+    """The description itself and the pages for a browser."""
+    return {
         "/spec": {"get": {
             "summary": "This description",
             "responses": {"200": _json("OpenAPI 3.1", {"type": "object"})},
@@ -187,7 +226,7 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
             "summary": "A page to translate in a browser",
             "responses": {"200": _html("The page")},
         }},
-    }
+    }  # fmt: skip
 
 
 def _translation_errors(
@@ -307,14 +346,97 @@ def _pair(s: SpecSettings, optional: bool) -> dict[str, Any]:
 
 
 def _schemas(s: SpecSettings) -> dict[str, Any]:
-    strings = {"type": "array", "items": {"type": "string"}}
-    applied = {
+    """The answers' bodies that several endpoints share."""
+    return {
+        "Error": _error_schema(),
+        "Libre": _libre_schema(),
+        "Detected": _detected_schema(),
+        "NBest": _nbest_schema(s),
+        "Health": _health_schema(),
+    }
+
+
+def _applied_schema() -> dict[str, Any]:
+    """A glossary's term found in a sentence."""
+    return {
         "type": "object",
         "required": ["source", "target"],
         "properties": {"source": {"type": "string"}, "target": {"type": "string"}},
         "additionalProperties": False,
     }
-    hypothesis = {
+
+
+def _error_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["error"],
+        "properties": {"error": {"type": "string"}},
+        "additionalProperties": False,
+    }
+
+
+def _libre_schema() -> dict[str, Any]:
+    applied = _applied_schema()
+    return {
+        "type": "object",
+        "required": ["translatedText"],
+        "properties": {
+            "translatedText": {"oneOf": [{"type": "string"}, STRINGS]},
+            "alternatives": {"oneOf": [STRINGS, {"type": "array", "items": STRINGS}]},
+            "detectedLanguage": {"$ref": "#/components/schemas/Detected"},
+            "glossaryApplied": {
+                "anyOf": [{"type": "array", "items": applied},
+                          {"type": "array", "items": {"type": "array", "items": applied}}],
+                "description": "with a glossary: the terms found in each text (per text "
+                               "when 'q' is a list)",
+            },  # fmt: skip
+        },
+        "additionalProperties": False,
+    }
+
+
+def _detected_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["language", "confidence"],
+        "properties": {
+            "language": {"type": "string"},
+            "confidence": {"type": "number", "minimum": 0, "maximum": 100,
+                           "description": "percent, among all the detector's languages"},
+        },
+        "additionalProperties": False,
+    }  # fmt: skip
+
+
+def _nbest_schema(s: SpecSettings) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": ["translations"],
+        "properties": {
+            "translations": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["hypotheses"],
+                    "properties": {
+                        "hypotheses": {"type": "array", "items": _hypothesis_schema(),
+                                       "minItems": 1, "maxItems": s.beam},  # fmt: skip
+                        "glossaryApplied": {
+                            "type": "array", "items": _applied_schema(),
+                            "description": "with a glossary: the terms found in the "
+                                           "sentence",
+                        },  # fmt: skip
+                    },
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "additionalProperties": False,
+    }
+
+
+def _hypothesis_schema() -> dict[str, Any]:
+    return {
         "type": "object",
         "required": ["text", "pieces", "score", "positional_scores"],
         "properties": {
@@ -326,74 +448,19 @@ def _schemas(s: SpecSettings) -> dict[str, Any]:
         },
         "additionalProperties": False,
     }
+
+
+def _health_schema() -> dict[str, Any]:
     return {
-        "Error": {
-            "type": "object",
-            "required": ["error"],
-            "properties": {"error": {"type": "string"}},
-            "additionalProperties": False,
+        "type": "object",
+        "required": ["status", "queued", "in_flight"],
+        "properties": {
+            "status": {"enum": ["ok", "failed", "restarting", "stopping"]},
+            "queued": {"type": "integer", "minimum": 0},
+            "in_flight": {"type": "integer", "minimum": 0},
+            "error": {"type": "string"},
         },
-        "Libre": {
-            "type": "object",
-            "required": ["translatedText"],
-            "properties": {
-                "translatedText": {"oneOf": [{"type": "string"}, strings]},
-                "alternatives": {"oneOf": [strings, {"type": "array", "items": strings}]},
-                "detectedLanguage": {"$ref": "#/components/schemas/Detected"},
-                "glossaryApplied": {
-                    "anyOf": [{"type": "array", "items": applied},
-                              {"type": "array", "items": {"type": "array", "items": applied}}],
-                    "description": "with a glossary: the terms found in each text (per text "
-                                   "when 'q' is a list)",
-                },  # fmt: skip
-            },
-            "additionalProperties": False,
-        },
-        "Detected": {
-            "type": "object",
-            "required": ["language", "confidence"],
-            "properties": {
-                "language": {"type": "string"},
-                "confidence": {"type": "number", "minimum": 0, "maximum": 100,
-                               "description": "percent, among all the detector's languages"},
-            },
-            "additionalProperties": False,
-        },
-        "NBest": {
-            "type": "object",
-            "required": ["translations"],
-            "properties": {
-                "translations": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["hypotheses"],
-                        "properties": {
-                            "hypotheses": {"type": "array", "items": hypothesis,
-                                           "minItems": 1, "maxItems": s.beam},  # fmt: skip
-                            "glossaryApplied": {
-                                "type": "array", "items": applied,
-                                "description": "with a glossary: the terms found in the "
-                                               "sentence",
-                            },  # fmt: skip
-                        },
-                        "additionalProperties": False,
-                    },
-                }
-            },
-            "additionalProperties": False,
-        },
-        "Health": {
-            "type": "object",
-            "required": ["status", "queued", "in_flight"],
-            "properties": {
-                "status": {"enum": ["ok", "failed", "restarting", "stopping"]},
-                "queued": {"type": "integer", "minimum": 0},
-                "in_flight": {"type": "integer", "minimum": 0},
-                "error": {"type": "string"},
-            },
-            "additionalProperties": False,
-        },
+        "additionalProperties": False,
     }
 
 
