@@ -284,3 +284,29 @@ def test_the_block_plan_reads_gzip_and_a_last_line_without_its_end(tmp_path):
     (tmp_path / "sub" / "x.txt").write_bytes(b"z\n")
     with pytest.raises(ValueError, match="several files named x.txt"):
         expand([str(plain), str(tmp_path / "sub" / "x.txt")])
+
+
+@pytest.mark.parametrize("where", [[], ["--ray", "127.0.0.1:9"]], ids=["local", "ray"])
+def test_a_glossary_term_the_model_cannot_write_stops_the_job_before_it_starts(
+    toy, tmp_path, caplog, where
+):
+    """A target term with pieces the target dictionary lacks, or a source term the tokenizer
+    and BPE cut into nothing: exit 2 naming it, before anything is written, a model loads or a
+    Ray worker starts. With --ray the driver checks the terms on the task's dictionaries,
+    tokenizer and BPE: nothing listens at the address given, so going on would fail there."""
+    source = tmp_path / "g.de"
+    source.write_text("der hund schläft\n")
+    glossary, output = tmp_path / "terms.tsv", tmp_path / "out"
+    for terms, error in [
+        ("hund\tcat\nfrau\tЖЖЖ\n", "--glossary: the target term 'ЖЖЖ' has pieces the model "
+                                   "cannot write: "),
+        ("hund\tcat\n\u200b\tbird\n", "--glossary: the term '\\u200b': 'bird' has a side "
+                                      "with nothing to match or write"),
+    ]:  # fmt: skip
+        glossary.write_text(terms)
+        caplog.clear()
+        command = translate_command(toy, [source], output, "--constraints", "unordered",
+                                    "--glossary", str(glossary), *where)  # fmt: skip
+        assert main(command[1:]) == 2
+        assert error in caplog.text
+        assert not output.exists()

@@ -1,11 +1,13 @@
 """beamplugin-translate --ray on a real Ray cluster on this machine (ray.cluster_utils.Cluster: a
 head without CPUs and two worker nodes of one CPU each, small object stores, 127.0.0.1 only):
-2,000 lines give the bytes one process gives; a driver killed mid-run and started again does
+2,000 lines under a glossary give the bytes one process gives them, and the same terms counted;
+without one, a driver killed mid-run and started again does
 not translate finished blocks again; a worker node removed mid-run: every line once all the
 same. Ray is installed by make test (the extra "cluster"): without it these tests fail."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import subprocess
@@ -28,6 +30,8 @@ NODE = {"object_store_memory": 80 * 2**20, "node_ip_address": "127.0.0.1"}
 HEALTH_CHECKS = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
                  "health_check_failure_threshold": 3}  # fmt: skip
 RUN_SECONDS = 240  # a run that takes longer fails its test
+# Source terms of two words, each in about 1.6% of the lines: few lines constrained (slower)
+GLOSSARY = {"dort hund": "bird", "kleine mann": "cat"}
 
 
 @pytest.fixture(scope="module")
@@ -64,17 +68,30 @@ def one_process(toy, corpus, tmp_path_factory) -> dict[str, bytes]:
     return outputs(output)
 
 
-def test_two_thousand_lines_through_the_cluster_are_the_bytes_of_one_process(
-    cluster, toy, corpus, one_process, tmp_path
+def test_two_thousand_lines_with_a_glossary_through_the_cluster_are_the_bytes_of_one_process(
+    cluster, toy, corpus, tmp_path, capsys
 ):
-    command = translate_command(toy, corpus, tmp_path, "--block-lines", "100",
+    """The workers get the glossary the driver checked: each line's terms found and put in as
+    in one process, the same bytes, the same terms counted in the summary and the manifest."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("".join(f"{s}\t{t}\n" for s, t in GLOSSARY.items()))
+    terms = ("--constraints", "unordered", "--glossary", str(glossary))
+    local = translate_command(toy, corpus, tmp_path / "local", "--block-lines", "500", *terms)
+    assert main(local[1:]) == 3
+    local_summary = capsys.readouterr().out
+    command = translate_command(toy, corpus, tmp_path / "ray", "--block-lines", "100", *terms,
                                 "--ray", cluster.address)  # fmt: skip
     done = run(command, RUN_SECONDS)
     assert done.returncode == 3, done.stderr[-3000:]  # lines rejected
-    assert outputs(tmp_path) == one_process
-    rejects = (tmp_path / "a.de.en.rejects.tsv").read_text().splitlines()
+    assert outputs(tmp_path / "ray") == outputs(tmp_path / "local")
+    applied = terms_in(corpus)
+    assert applied > 40
+    summary = f"glossary: {applied} terms applied in the lines translated now"
+    assert summary in done.stdout and summary in local_summary
+    assert sum(row["terms_applied"] for row in block_rows(tmp_path / "ray")) == applied
+    rejects = (tmp_path / "ray" / "a.de.en.rejects.tsv").read_text().splitlines()
     assert [row.split("\t")[:2] for row in rejects] == [["a.de", str(n)] for n in BAD_LINES]
-    translated = (tmp_path / "a.de.en").read_text().split("\n")
+    translated = (tmp_path / "ray" / "a.de.en").read_text().split("\n")
     assert sum(bool(line) for line in translated) == LINES // 2 - len(BAD_LINES)
     assert blocks_translated(done.stdout) == (20, 20, 0)
     workers = [line for line in done.stdout.splitlines() if line.startswith("worker ")]
@@ -124,6 +141,16 @@ def test_a_worker_node_removed_mid_run_the_job_completes_with_each_line_once(
     assert blocks_translated(stdout) == (40, 40, 0)
     assert outputs(tmp_path) == one_process
     assert_each_block_once(tmp_path, 40)
+
+
+def terms_in(corpus: list[Path]) -> int:
+    """GLOSSARY's terms in the corpus's lines that are not rejected, each once a line (the BPE
+    cuts each word alone: a term's words in a row in a line are its pieces in a row there)."""
+    plain, compressed = corpus
+    lines = [line for number, line in enumerate(plain.read_bytes().splitlines(), 1)
+             if number not in BAD_LINES]  # fmt: skip
+    lines += gzip.decompress(compressed.read_bytes()).splitlines()
+    return sum(f" {term} ".encode() in b" " + line + b" " for line in lines for term in GLOSSARY)
 
 
 def workers(directory: Path) -> set[str]:

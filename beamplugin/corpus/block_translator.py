@@ -24,7 +24,7 @@ from beamplugin.corpus.inputs import split_lines
 from beamplugin.corpus.sentences import LineDocument
 from beamplugin.fairseq_plugin.line_input import RefusedLine
 from beamplugin.search.constraints import Constraints
-from beamplugin.serving.glossary import constraints_of
+from beamplugin.serving.glossary import Glossary, constraints_of
 from beamplugin.serving.translator import Translator
 
 # Sentences that may wait in front of the engine; a block's submits block beyond that.
@@ -55,16 +55,16 @@ class BlockResult:
 class BlockTranslator:
     """The models of ``cfg`` (fairseq-interactive's options) translating blocks: each line a
     sentence, or with ``split_sentences`` a document cut into sentences
-    (beamplugin.corpus.sentences); under ``glossary``'s (source, target) terms if any, found
-    in each sentence (ValueError for a term the model cannot match or write)."""
+    (beamplugin.corpus.sentences); under ``glossary``'s terms if any (as the models of
+    ``cfg`` read and write them), found in each sentence."""
 
     def __init__(
         self, cfg: DictConfig, split_sentences: bool = False,
-        glossary: list[tuple[str, str]] | None = None,
+        glossary: Glossary | None = None,
     ) -> None:  # fmt: skip
         self.translator = Translator(cfg, MAX_QUEUED, in_process=True)
         self.split_sentences = split_sentences
-        self.glossary = self.translator.glossary(glossary) if glossary else None
+        self.glossary = glossary
         # -s/-t's pair (a multilingual model's language tokens for it), as fairseq-interactive
         self.pair = self.translator.languages.default
         self.prompt = self.translator.prompt(self.pair)

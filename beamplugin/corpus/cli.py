@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fairseq import options
+from fairseq import options, tasks
 from fairseq.data.data_utils import infer_language_pair
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from omegaconf import DictConfig
@@ -29,7 +29,8 @@ from beamplugin.corpus.manifest import Manifest
 from beamplugin.fairseq_plugin.interactive_input import EXIT_LINES_REFUSED
 from beamplugin.serving.cli import add_decoding_options, interactive_parser
 from beamplugin.serving.decoder_process import log_to_stderr
-from beamplugin.serving.glossary import read_glossary
+from beamplugin.serving.glossary import Glossary, glossary_of, read_glossary
+from beamplugin.serving.text_pieces import TextPieces
 
 logger = logging.getLogger("beamplugin.corpus")
 
@@ -129,9 +130,16 @@ def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def make_runner(
-    args: argparse.Namespace, cfg: DictConfig, glossary: list[tuple[str, str]] | None
-) -> Runner:
+def model_glossary(cfg: DictConfig, path: str) -> Glossary:
+    """The glossary file's terms as the models of ``cfg`` read and write them: cut by the
+    task's tokenizer and BPE, targets in its target dictionary, as the server and the workers
+    cut sentences; no model loaded, so that a term the model cannot write stops the job here,
+    before any worker starts (ValueError naming the term)."""
+    task = tasks.setup_task(cfg.task)
+    return glossary_of(read_glossary(path), TextPieces(task, cfg).pieces, task.target_dictionary)
+
+
+def make_runner(args: argparse.Namespace, cfg: DictConfig, glossary: Glossary | None) -> Runner:
     if args.ray is None:
         return LocalRunner(cfg, args.split_sentences, glossary)
     if not (args.ray or os.environ.get("RAY_ADDRESS")):
@@ -146,8 +154,12 @@ def make_runner(
 def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_args(argv)
     started = time.perf_counter()
+    try:  # before a model loads or a worker starts: a bad term stops the job at once
+        glossary = model_glossary(cfg, args.glossary) if args.glossary else None
+    except (OSError, ValueError) as error:
+        logger.error("--glossary: %s", error)
+        return 2
     try:
-        glossary = read_glossary(args.glossary) if args.glossary else None
         inputs = [survey(path, args.block_lines) for path in expand(args.inputs)]
         directory = Path(args.output)
         directory.mkdir(parents=True, exist_ok=True)
@@ -164,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     job.summary.glossary = glossary is not None
     try:
         runner = make_runner(args, cfg, glossary)
-    except ValueError as error:  # a glossary term the model cannot match or write
-        logger.error("--glossary: %s", error)
+    except ValueError as error:  # a Ray cluster with too few CPUs for a worker
+        logger.error("%s", error)
         return 2
     try:
         bar = sys.stderr.isatty() and not args.no_progress_bar

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from beamplugin.corpus.block_translator import BLOCKS_AT_ONCE, BlockResult, BlockTranslator
 from beamplugin.corpus.inputs import Block
+from beamplugin.serving.glossary import Glossary
 
 
 class LocalRunner:
@@ -18,7 +19,7 @@ class LocalRunner:
 
     def __init__(
         self, cfg: DictConfig, split_sentences: bool = False,
-        glossary: list[tuple[str, str]] | None = None,
+        glossary: Glossary | None = None,
     ) -> None:  # fmt: skip
         self._translator = BlockTranslator(cfg, split_sentences, glossary)
         self.workers_alive = 1

@@ -29,6 +29,7 @@ from ray.exceptions import RayActorError
 
 from beamplugin.corpus.block_translator import BLOCKS_AT_ONCE, BlockResult, BlockTranslator
 from beamplugin.corpus.inputs import Block
+from beamplugin.serving.glossary import Glossary
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class _Worker:
 
     def __init__(
         self, cfg: DictConfig, threads: int, split_sentences: bool,
-        glossary: list[tuple[str, str]] | None,
+        glossary: Glossary | None,
     ) -> None:  # fmt: skip
         torch.set_num_threads(threads)
         utils.import_user_module(cfg.common)  # the models and tasks of another --user-dir
@@ -66,7 +67,7 @@ class RayRunner:
 
     def __init__(
         self, cfg: DictConfig, address: str, workers: int | None, cpus: int,
-        split_sentences: bool = False, glossary: list[tuple[str, str]] | None = None,
+        split_sentences: bool = False, glossary: Glossary | None = None,
     ) -> None:  # fmt: skip
         address = address or os.environ.get("RAY_ADDRESS", "")
         if address:

@@ -10,7 +10,10 @@ constraint, not two that the translation would have to hold both of.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from fairseq.data import Dictionary
 
 from beamplugin.search.constraints import Constraints
 
@@ -57,6 +60,33 @@ class Glossary:
                 found.append(term)
             position += len(term.source_pieces)
         return found
+
+
+def glossary_of(
+    entries: list[tuple[str, str]], pieces: Callable[[str], list[str]], tgt_dict: Dictionary
+) -> Glossary:
+    """The (source, target) ``entries`` as a model reads and writes them: cut by ``pieces``
+    (its tokenizer and BPE), targets in ``tgt_dict``'s tokens; ValueError for a term with
+    nothing to match or write, or a target term with pieces the vocabulary lacks (fairseq
+    would constrain the translation to ``<unk>``)."""
+    terms = []
+    for source, target in entries:
+        source_pieces, target_pieces = pieces(source), pieces(target)
+        if not source_pieces or not target_pieces:
+            raise ValueError(
+                f"the term {source!r}: {target!r} has a side with nothing to match or write "
+                "(blank, or not valid UTF-8)"
+            )
+        tokens = [tgt_dict.index(piece) for piece in target_pieces]
+        if tgt_dict.unk() in tokens:
+            unknown = [p for p, t in zip(target_pieces, tokens, strict=True)
+                       if t == tgt_dict.unk()]  # fmt: skip
+            raise ValueError(
+                f"the target term {target!r} has pieces the model cannot write: "
+                f"{' '.join(unknown)}"
+            )
+        terms.append(Term(source, target, tuple(source_pieces), tuple(tokens)))
+    return Glossary(terms)
 
 
 def constraints_of(terms: list[Term]) -> Constraints:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from fairseq import tasks, utils
@@ -27,8 +25,9 @@ from beamplugin.fairseq_plugin.line_input import LineEncoder, RefusedLine
 from beamplugin.search.constraints import Constraints
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.serving.decoder_process import DecoderProcess
-from beamplugin.serving.glossary import Glossary, Term
+from beamplugin.serving.glossary import Glossary, glossary_of
 from beamplugin.serving.loading import decoding_device, load_decoder
+from beamplugin.serving.text_pieces import TextPieces
 from beamplugin.streams import Prompt, StreamObserver, TranslationStream
 
 logger = logging.getLogger(__name__)
@@ -83,13 +82,11 @@ class Translator:
         self.aligns = bool(cfg.generation.print_alignment)
         self.languages = LanguagePairs.of(self.task)
         self.src_dict, self.tgt_dict = self.task.source_dictionary, self.task.target_dictionary
-        tokenizer = self.task.build_tokenizer(cfg.tokenizer)
-        bpe = self.task.build_bpe(cfg.bpe)
-        self._decode_fn = _chain([bpe, tokenizer], "decode")
+        self.text = TextPieces(self.task, cfg)
         limit = settings.max_source_positions
         if limit is not None:  # room for a language token
             limit -= self.languages.added_source_tokens
-        self.encoder = LineEncoder(self.src_dict, limit, _chain([tokenizer, bpe], "encode"))
+        self.encoder = LineEncoder(self.src_dict, limit, self.text.encode)
         # how a glossary's target terms are met (fairseq's --constraints); None: not served,
         # which keeps the device engine, which has no constrained step
         self.constraints: str | None = cfg.generation.constraints
@@ -117,37 +114,13 @@ class Translator:
         return self.languages.source_tokens(pair, self.encoder.encode(line)).to(self.device)
 
     def pieces(self, text: str) -> list[str]:
-        """``text`` cut as the model reads it (the tokenizer, then the BPE); none for text that
-        is not valid UTF-8 (lone surrogates, which the BPE would fail on: ``encode`` refuses
-        them, saying where)."""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            return []
-        return self.encoder.encode_fn(text.strip()).split()
+        """``text`` cut as the model reads it (beamplugin.serving.text_pieces)."""
+        return self.text.pieces(text)
 
     def glossary(self, entries: list[tuple[str, str]]) -> Glossary:
-        """The (source, target) ``entries`` as the model reads and writes them; ValueError for
-        a term with nothing to match or write, or a target term with pieces the model's
-        vocabulary lacks (fairseq would constrain the translation to ``<unk>``)."""
-        terms = []
-        for source, target in entries:
-            source_pieces, target_pieces = self.pieces(source), self.pieces(target)
-            if not source_pieces or not target_pieces:
-                raise ValueError(
-                    f"the term {source!r}: {target!r} has a side with nothing to match or write "
-                    "(blank, or not valid UTF-8)"
-                )
-            tokens = [self.tgt_dict.index(piece) for piece in target_pieces]
-            if self.tgt_dict.unk() in tokens:
-                unknown = [p for p, t in zip(target_pieces, tokens, strict=True)
-                           if t == self.tgt_dict.unk()]  # fmt: skip
-                raise ValueError(
-                    f"the target term {target!r} has pieces the model cannot write: "
-                    f"{' '.join(unknown)}"
-                )
-            terms.append(Term(source, target, tuple(source_pieces), tuple(tokens)))
-        return Glossary(terms)
+        """The (source, target) ``entries`` as the model reads and writes them
+        (beamplugin.serving.glossary.glossary_of: ValueError for a term it cannot)."""
+        return glossary_of(entries, self.text.pieces, self.tgt_dict)
 
     def fits(self, text: str) -> bool:
         """Whether ``text`` has no more source tokens than the model accepts (what a document's
@@ -227,7 +200,7 @@ class Translator:
             )
             rendered.append(
                 Translation(
-                    text=self._decode_fn(pieces),
+                    text=self.text.decode(pieces),
                     pieces=pieces,
                     score=float(hypo["score"]) / math.log(2),
                     positional_scores=(hypo["positional_scores"] / math.log(2)).tolist(),
@@ -242,16 +215,3 @@ class Translator:
     def close(self) -> None:
         """Take no more sentences; return once every accepted one is decoded."""
         self.stream.close()
-
-
-def _chain(steps: list[Any], method: str) -> Callable[[str], str]:
-    """``text`` through ``method`` ("encode" or "decode") of each step that is there, in order
-    (fairseq-interactive's encode_fn and decode_fn)."""
-    calls = [getattr(step, method) for step in steps if step is not None]
-
-    def apply(text: str) -> str:
-        for call in calls:
-            text = call(text)
-        return text
-
-    return apply
