@@ -190,3 +190,26 @@ def test_the_amx_kernel_is_built_only_for_a_cpu_with_amx(tmp_path):
     has_amx = instruction_sets.AMX_FEATURES <= instruction_sets.cpu_features()
     if not has_amx:
         assert loaded.amx_kernel_available() == 0
+
+
+def test_a_compiler_without_amx_builds_the_file_without_it(tmp_path, monkeypatch, kernels_for):
+    """Where the CPU has AMX but the compiler refuses its flags, AMX's file is built without
+    them (no AMX kernel, every other kernel as before)."""
+    compiler = shutil.which(CC)
+    if compiler is None or not instruction_sets.runs_here(AVX512):
+        pytest.skip("no C compiler or no AVX-512 here")
+    refusing = tmp_path / "cc"
+    refusing.write_text(
+        f'#!/bin/sh\ncase "$*" in *-mamx-tile*) exit 1;; esac\nexec {compiler} "$@"\n'
+    )
+    refusing.chmod(0o755)
+    monkeypatch.setenv("CC", str(refusing))
+    monkeypatch.setenv(native_library.CACHE, str(tmp_path / "cache"))
+    monkeypatch.setattr(instruction_sets, "source_flags",
+                        lambda isa, source, features=None: AMX_FLAGS if source == "bf16_amx"
+                        else ())  # fmt: skip
+    kernels_for("")
+    library = native_library.load("bf16_amx")
+    assert library is not None and library.amx_kernel_available() == 0
+    assert not hasattr(library, "bf16_amx_weight_products")
+    assert native_library.load("bf16_products") is not None

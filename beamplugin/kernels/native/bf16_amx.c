@@ -131,6 +131,9 @@ int bf16_amx_weight_products(const float *x, int64_t ldx, const uint16_t *panels
             }
             for (int64_t r = 0; r < m; r += BLOCK) {
                 const uint16_t *a = xb + r * width;
+                int64_t rows = m - r < BLOCK ? m - r : BLOCK;
+                int second = rows > TR; /* the second row tile: only where it has rows (a step's
+                                         * few rows take half the work); each row's sums alike */
                 _tile_zero(0);
                 _tile_zero(1);
                 _tile_zero(2);
@@ -140,17 +143,18 @@ int bf16_amx_weight_products(const float *x, int64_t ldx, const uint16_t *panels
                     _tile_loadd(6, b, NR * 2 * sizeof *b);
                     _tile_loadd(7, b + 32, NR * 2 * sizeof *b);
                     _tile_loadd(4, a + t * TP * 2, width * sizeof *a);
-                    _tile_loadd(5, a + TR * width + t * TP * 2, width * sizeof *a);
                     _tile_dpbf16ps(0, 4, 6);
                     _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
+                    if (second) {
+                        _tile_loadd(5, a + TR * width + t * TP * 2, width * sizeof *a);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
                 }
                 _tile_stored(0, sums, NR * sizeof *sums);
                 _tile_stored(1, sums + 16, NR * sizeof *sums);
                 _tile_stored(2, sums + TR * NR, NR * sizeof *sums);
                 _tile_stored(3, sums + TR * NR + 16, NR * sizeof *sums);
-                int64_t rows = m - r < BLOCK ? m - r : BLOCK;
                 finish(sums, rows, bias ? bias + first : 0,
                        residual ? residual + r * ldr + first : 0, ldr, y + r * ldy + first, ldy,
                        columns, relu);
