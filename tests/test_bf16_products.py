@@ -10,12 +10,19 @@ import os
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from beamplugin.kernels import bf16_kernels, float_products, instruction_sets, native_library
+from beamplugin.kernels import (
+    bf16_kernels,
+    float_products,
+    instruction_sets,
+    layouts,
+    native_library,
+)
 from beamplugin.kernels.instruction_sets import AMX_FLAGS, AVX512
 from beamplugin.modules import packed_weights
 
@@ -213,3 +220,34 @@ def test_a_compiler_without_amx_builds_the_file_without_it(tmp_path, monkeypatch
     assert library is not None and library.amx_kernel_available() == 0
     assert not hasattr(library, "bf16_amx_weight_products")
     assert native_library.load("bf16_products") is not None
+
+
+def test_the_amx_kernels_tiles_emulated_give_a_rows_bits_whatever_its_batch(tmp_path):
+    """bf16_amx.c with its tile instructions done in C (tests/amx_emulation.c), on any CPU with
+    AVX512-BF16: its proof passes, every tail within float32's rounding of the sums, a row alone
+    the same bits as in its batch, whatever the threads."""
+    avx512 = bf16_kernels.named(bf16_kernels.AVX512_BF16)
+    if avx512 is None or shutil.which(CC) is None:
+        pytest.skip("no AVX512-BF16 kernel or no C compiler here")
+    library = tmp_path / "amx_emulation.so"
+    flags = [*native_library.FLAGS, *instruction_sets.build_flags(AVX512)]
+    source = str(Path(__file__).with_name("amx_emulation.c"))
+    subprocess.run([CC, *flags, "-D__AMX_TILE__", "-D__AMX_BF16__", "-o", str(library), source],
+                   check=True)  # fmt: skip
+    amx = ctypes.CDLL(str(library)).bf16_amx_weight_products
+    amx.argtypes, amx.restype = bf16_kernels.SIGNATURE, ctypes.c_int
+    assert bf16_kernels.amx_proven(amx, None)
+    for out, inner in [(1032, 255), (17, 33), (48, 45), (64, 32), (1, 3)]:
+        torch.manual_seed(4)
+        weight, bias = torch.randn(out, inner) * 0.1, torch.randn(out)
+        panels = layouts.panels(weight.bfloat16(), 2)
+        x, residual = torch.randn(70, inner), torch.randn(70, out)
+        y = bf16_kernels.call(amx, x, panels, bias, residual, out, True, 1)
+        assert torch.equal(bf16_kernels.call(amx, x, panels, bias, residual, out, True, 2), y)
+        theirs = bf16_kernels.call(avx512, x, panels, bias, residual, out, True, 1)
+        scale = F.linear(x.bfloat16().float().abs(), weight.bfloat16().float().abs()) + 1
+        assert ((y - theirs).abs() <= 2**-16 * (scale + residual.abs())).all()
+        for first, rows in [(0, 1), (5, 11), (17, 16), (3, 17), (0, 49), (31, 2), (40, 30)]:
+            part = slice(first, first + rows)
+            alone = bf16_kernels.call(amx, x[part], panels, bias, residual[part], out, True, 1)
+            assert torch.equal(alone, y[part])
