@@ -14,10 +14,14 @@ thread every time is the process's CPU time, which a loaded machine's preemption
 Kernels: our float32 rows on bfloat16 weights (beamplugin.kernels.float_products.Bf16Weights)
 against our float32 product and oneDNN's bfloat16 matmul (torch's, on its packed weight,
 bfloat16 rows) at the transformers' shapes: microseconds a call, GFLOPS, and the share of one
-core's bfloat16 peak (benchmarks/bf16_peak.c: independent chains of vdpbf16ps).
+core's bfloat16 peak (benchmarks/bf16_peak.c: independent chains of vdpbf16ps). On a CPU with
+AMX, "ours bf16" is the kernel the process chose (beamplugin.kernels.bf16_kernels) and each of
+our two kernels, AMX's tiles and AVX512-BF16's vdpbf16ps, is timed too (its share of the
+vdpbf16ps peak, not of AMX's).
 
     python -m benchmarks.bf16 --threads 1 --results benchmarks/results/cpu-avx512.jsonl
     python -m benchmarks.bf16 --parts kernels       # make bench's bfloat16 kernel rows
+    python -m benchmarks.bf16 --parts kernels --shapes 2048x512 --rows 5 64   # a few
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from fairseq.models.transformer import TransformerModel
 import beamplugin  # noqa: F401  (registers convs2s)
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import float_products, instruction_sets, native_library
+from beamplugin.kernels import bf16_kernels, float_products, instruction_sets, native_library
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import packed_weights
 from benchmarks import common
@@ -88,18 +92,26 @@ def bf16_peak_gflops() -> float:
     return best
 
 
-def kernel_rows(peak: float) -> list[dict]:
+def kernel_rows(peak: float, shapes: list[tuple[int, int]], counts: list[int]) -> list[dict]:
     """Each shape and row count: our bfloat16-weight product, our float32 one, oneDNN's
-    bfloat16 matmul (microseconds a call)."""
+    bfloat16 matmul (microseconds a call), and each of our bfloat16 kernels where there are
+    two (:func:`each_bf16_kernel`)."""
     rows = []
-    for out, inner in SHAPES:
+    kernels = each_bf16_kernel()
+    for out, inner in shapes:
         weight = torch.randn(out, inner) / inner**0.5
         ours, float32 = float_products.pack_bf16_weights(weight), float_products.pack(weight)
         onednn = packed_weights.onednn_layout(weight.bfloat16())
-        for count in ROWS:
+        for count in counts:
             x = torch.randn(count, inner)
             flops = 2 * count * out * inner
+            threads = native_library.threads_for(count * out * inner)
             times = {
+                f"ours bf16 {name}": fastest(partial(bf16_kernels.call, kernel, x, ours.values,
+                                                     None, None, out, False, threads))
+                for name, kernel in kernels.items()
+            }  # fmt: skip
+            times |= {
                 "ours bf16": fastest(partial(float_products.product, x, ours, None)),
                 "ours float32": fastest(partial(float_products.product, x, float32, None)),
                 "oneDNN bf16": fastest(
@@ -109,6 +121,21 @@ def kernel_rows(peak: float) -> list[dict]:
             rows.append(dict(shape=(out, inner), rows=count, flops=flops, times=times,
                              share=flops / times["ours bf16"] / 1e3 / peak if peak else None))
     return rows
+
+
+def each_bf16_kernel() -> dict[str, Any]:
+    """Our bfloat16-weight kernels by name where this CPU runs more than one (AMX's and
+    AVX512-BF16's), else none: "ours bf16" is the one kernel."""
+    kernels = {name: bf16_kernels.named(name) for name in (bf16_kernels.AVX512_BF16,
+                                                          bf16_kernels.AMX)}  # fmt: skip
+    kernels = {name: kernel for name, kernel in kernels.items() if kernel is not None}
+    return kernels if len(kernels) > 1 else {}
+
+
+def shape(text: str) -> tuple[int, int]:
+    """``OUTxIN`` (--shapes)."""
+    out, _, inner = text.partition("x")
+    return int(out), int(inner)
 
 
 def dictionary(words: int) -> Dictionary:
@@ -195,8 +222,9 @@ def decode_rows(names: list[str], sizes: list[int], repeats: int) -> list[dict]:
 def machine(threads: int) -> dict[str, Any]:
     """benchmarks.common.machine, the kernels naming our bfloat16 one where it runs."""
     about = common.machine(threads=threads)
-    if float_products.bf16_weights_available():
-        about["kernels"] += ", bf16 avx512_bf16"
+    chosen = bf16_kernels.chosen()
+    if chosen is not None:
+        about["kernels"] += f", bf16 {chosen[0]}"
     return about
 
 
@@ -219,7 +247,7 @@ def records(kernels: list[dict], decodes: list[dict], args: Namespace) -> list[d
                           ratio={"against": "oneDNN bf16",
                                  "value": round(t["oneDNN bf16"] / t["ours bf16"], 2)},
                           **where))  # fmt: skip
-        for system in ("oneDNN bf16", "ours float32"):
+        for system in [s for s in t if s != "ours bf16"]:
             precision = "bf16" if "bf16" in system else "float32"
             us = round(t[system], 1)
             out.append(record(table, row, what, system, model="products", precision=precision,
@@ -249,6 +277,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--shapes", type=shape, nargs="+", default=SHAPES,
+                        help="kernels' weights, OUTxIN (default: %(default)s)")
+    parser.add_argument("--rows", type=int, nargs="+", default=ROWS, help="kernels' rows")
     common.add_results_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -267,14 +298,15 @@ def main() -> None:
         print(f"{'shape':>11}{'rows':>6}{'ours bf16 us':>14}{'GFLOPS':>8}{'% peak':>8}"
               f"{'oneDNN bf16 us':>16}{'x oneDNN':>9}{'f32 us':>9}{'x f32':>7}")  # fmt: skip
         with torch.inference_mode():
-            kernels = kernel_rows(peak)
+            kernels = kernel_rows(peak, args.shapes, args.rows)
         for k in kernels:
             t, rate = k["times"], k["flops"] / k["times"]["ours bf16"] / 1e3
             share = f"{100 * k['share']:7.0f}%" if k["share"] else f"{'':>8}"
             print(f"{'x'.join(map(str, k['shape'])):>11}{k['rows']:>6}{t['ours bf16']:14.1f}"
                   f"{rate:8.1f}{share}{t['oneDNN bf16']:16.1f}"
                   f"{t['oneDNN bf16'] / t['ours bf16']:9.2f}{t['ours float32']:9.1f}"
-                  f"{t['ours float32'] / t['ours bf16']:7.2f}")  # fmt: skip
+                  f"{t['ours float32'] / t['ours bf16']:7.2f}"
+                  + "".join(f"  {s[10:]} {t[s]:.1f} us" for s in t if s.startswith("ours bf16 ")))
     decodes: list[dict] = []
     if "decode" in args.parts:
         decodes = decode_rows(args.models, args.batch_sizes, args.repeats)

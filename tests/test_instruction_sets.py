@@ -109,8 +109,16 @@ def test_the_set_is_the_best_the_cpu_runs_or_the_one_named(kernels_for, caplog):
         kernels_for("off")
         assert instruction_sets.chosen() is None
     kernels_for("nope")
-    with pytest.raises(ValueError, match="avx512, avx2, neon, generic or off"):
+    with pytest.raises(ValueError, match="avx512, avx2, neon, generic, amx or off"):
         instruction_sets.chosen()
+    if not instruction_sets.AMX_FEATURES <= instruction_sets.cpu_features():
+        with caplog.at_level(logging.WARNING, logger="beamplugin.kernels"):
+            kernels_for("amx")  # avx512 with AMX's bfloat16 products: none without AMX
+            assert instruction_sets.chosen() is None
+        assert "BEAMPLUGIN_ISA=amx, but this CPU lacks" in caplog.text
+    elif instruction_sets.runs_here(AVX512):
+        kernels_for("amx")
+        assert instruction_sets.chosen() == AVX512 and instruction_sets.amx_allowed()
     elsewhere = NEON if instruction_sets.runs_here(AVX2) else AVX2  # a set this CPU lacks
     with caplog.at_level(logging.WARNING, logger="beamplugin.kernels"):
         kernels_for(elsewhere.name)

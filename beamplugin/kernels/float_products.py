@@ -1,5 +1,6 @@
 """Float32 and bfloat16 matrix products on the CPU through our own kernels
-(``native/products.c``; ``native/bf16_products.c`` on CPUs with AVX512-BF16).
+(``native/products.c``; ``native/bf16_products.c`` on CPUs with AVX512-BF16, and
+``native/bf16_amx.c`` where they have AMX: beamplugin.kernels.bf16_kernels).
 
 At a decoder step's few rows torch's products cost mostly their call: oneDNN's matmul takes
 about 12 us for any product, even 16 x 16, so a 3-layer transformer's 19 products a step spend
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import layouts, native_library
+from beamplugin.kernels import bf16_kernels, layouts, native_library
 from beamplugin.kernels.native_library import FLOAT, INT, POINTER, SIZE, threads_for
 
 # x, its row stride, the panels, bias, residual, its row stride, y, its row stride, rows, out,
@@ -58,19 +59,10 @@ class Bf16Weights(Panels):
     sums."""
 
 
-@native_library.cached
-def _bf16_weight_kernel() -> Callable[..., Any] | None:
-    """bf16_products.c's ``bf16_weight_products`` (None where it cannot be built or the CPU has
-    no AVX512-BF16)."""
-    return native_library.function_for_this_cpu(
-        "bf16_products", "bf16_kernel_available", "bf16_weight_products", [*_PRODUCT, INT], INT
-    )
-
-
 def bf16_weights_available() -> bool:
     """Whether float32 activations multiply bfloat16 weights on our kernel here
     (:class:`Bf16Weights`)."""
-    return _bf16_weight_kernel() is not None
+    return bf16_kernels.chosen() is not None
 
 
 def pack_bf16_weights(weight: Tensor) -> Bf16Weights:
@@ -174,7 +166,7 @@ def _bf16_weight_product(
 ) -> Tensor:
     """:func:`product` of float32 ``x`` on bfloat16 weights; the norm after the product's call
     (the norm kernel's bits, as transformer_layers.c's int8 and bfloat16 products take it)."""
-    kernel = _bf16_weight_kernel()
+    kernel = bf16_kernels.chosen()
     if kernel is None:
         raise RuntimeError("native bfloat16 products are unavailable")
     out = weight.out_features
@@ -182,16 +174,8 @@ def _bf16_weight_product(
     rows, inner = x.shape
     if inner != weight.in_features:
         raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")
-    y = x.new_empty((rows, out))
-    failed = kernel(
-        x.data_ptr(), x.stride(0), weight.values.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        None if residual is None else residual.data_ptr(),
-        0 if residual is None else residual.stride(0),
-        y.data_ptr(), out, rows, out, inner, int(relu), threads_for(rows * out * inner),
-    )  # fmt: skip
-    if failed:
-        raise MemoryError(f"no memory to round {rows} rows to bfloat16")
+    threads = threads_for(rows * out * inner)
+    y = bf16_kernels.call(kernel[1], x, weight.values, bias, residual, out, relu, threads)
     if norm is None:
         return y
     normed = layer_norm(y, norm[0].contiguous(), norm[1].contiguous(), norm[2])

@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 CHOICE = "BEAMPLUGIN_ISA"  # avx512, avx2, neon, generic: that set; off: torch's kernels only
 OFF = "off"
+AMX = "amx"  # BEAMPLUGIN_ISA=amx: avx512, its bfloat16 products on AMX tiles (avx512: never)
 LEGACY_SWITCH = "BEAMPLUGIN_NATIVE"  # "0": as BEAMPLUGIN_ISA=off (its name before the sets)
 
 
@@ -56,6 +57,12 @@ GENERIC = InstructionSet("generic", frozenset(), frozenset(), ("-ffp-contract=of
 
 SETS = (AVX512, AVX2, NEON, GENERIC)  # best first
 
+# AMX's bfloat16 tiles: the features a CPU needs, the flags that build for them, and the sources
+# that use them (built with those flags, beside the AVX-512 set's, only where the CPU has them)
+AMX_FEATURES = frozenset({"amx_tile", "amx_bf16"})
+AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
+AMX_SOURCES = frozenset({"bf16_amx"})
+
 
 def cpu_features() -> frozenset[str]:
     """The CPU's features as Linux lists them (x86's ``flags``, AArch64's ``Features``); none
@@ -86,13 +93,33 @@ def build_flags(isa: InstructionSet, features: frozenset[str] | None = None) -> 
     return (*isa.flags, *extra, f"-DBEAMPLUGIN_ISA_{isa.name.upper()}")
 
 
+def source_flags(
+    isa: InstructionSet, source: str, features: frozenset[str] | None = None
+) -> tuple[str, ...]:
+    """The flags ``source`` (a kernel's file name without ``.c``) takes beyond ``isa``'s here:
+    AMX's for the AMX kernels, built for AVX-512 on a CPU with AMX; none elsewhere."""
+    features = cpu_features() if features is None else features
+    if source in AMX_SOURCES and isa == AVX512 and AMX_FEATURES <= features:
+        return AMX_FLAGS
+    return ()
+
+
+def amx_allowed() -> bool:
+    """Whether bfloat16 products may run on AMX tiles: the AVX-512 set chosen on a CPU with AMX,
+    and ``BEAMPLUGIN_ISA`` unset or ``amx`` (``avx512`` pins AVX512-BF16's products)."""
+    name = os.environ.get(CHOICE, "").strip().lower()
+    return (
+        name in ("", AMX) and chosen() == AVX512 and AMX_FEATURES <= cpu_features()
+    )
+
+
 def by_name(name: str) -> InstructionSet:
     """The set called ``name``; a ValueError naming the choices for anything else."""
     for isa in SETS:
         if isa.name == name:
             return isa
     names = ", ".join(isa.name for isa in SETS)
-    raise ValueError(f"{CHOICE}={name!r}: expected one of {names} or {OFF}")
+    raise ValueError(f"{CHOICE}={name!r}: expected one of {names}, {AMX} or {OFF}")
 
 
 def pinned() -> bool:
@@ -114,9 +141,10 @@ def _chosen(name: str, legacy: str | None) -> InstructionSet | None:
         return None
     features = cpu_features()
     if name:
-        isa = by_name(name)
-        if not runs_here(isa, features):
-            missing = " ".join(sorted(isa.requires - features)) or platform.machine()
+        isa = AVX512 if name == AMX else by_name(name)
+        needs = isa.requires | (AMX_FEATURES if name == AMX else frozenset())
+        if not runs_here(isa, features) or not needs <= features:
+            missing = " ".join(sorted(needs - features)) or platform.machine()
             logger.warning("%s=%s, but this CPU lacks %s: torch's kernels", CHOICE, name, missing)
             return None
         logger.info("native kernels for %s (%s=%s)", isa.name, CHOICE, name)

@@ -189,8 +189,21 @@ def _compiler(compiler: str) -> tuple[str, str]:
 
 def _built(source: Path, compiler: str, isa: InstructionSet) -> Path:
     """``source`` compiled for ``isa`` into the cache folder, unless it is there already."""
+    extra = instruction_sets.source_flags(isa, source.stem)
+    if not extra:
+        return _compiled(source, compiler, isa, ())
+    try:
+        return _compiled(source, compiler, isa, extra)
+    except RuntimeError as error:  # a compiler that does not know them: the file without them
+        logger.info("%s without %s (%s)", source.name, " ".join(extra), error)
+        return _compiled(source, compiler, isa, ())
+
+
+def _compiled(source: Path, compiler: str, isa: InstructionSet, extra: tuple[str, ...]) -> Path:
+    """``source`` compiled for ``isa``, with ``extra`` flags, into the cache folder, unless it is
+    there already."""
     path, version = _compiler(compiler)
-    flags = (*FLAGS, *instruction_sets.build_flags(isa))
+    flags = (*FLAGS, *instruction_sets.build_flags(isa), *extra)
     key = hashlib.sha256()
     for part in (source.name, sources_digest(), path, version, " ".join(flags)):
         key.update(part.encode())

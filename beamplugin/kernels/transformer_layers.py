@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import float_products, int8_products, native_library
+from beamplugin.kernels import bf16_kernels, float_products, int8_products, native_library
 from beamplugin.kernels.float_products import Bf16Weights, Panels
 from beamplugin.kernels.int8_products import Int8Panels
 
@@ -138,7 +138,7 @@ def _kernels() -> tuple[Any, list[int | None]] | None:
     if int8_products.available():
         int8 = native_library.address("int8_products", "int8_products")
     if float_products.bf16_weights_available():
-        bf16 = native_library.address("bf16_products", "bf16_weight_products")
+        bf16 = bf16_kernels.address()
     return run, [parts[0], int8, parts[1], parts[2], parts[3], bf16]
 
 
