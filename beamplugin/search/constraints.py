@@ -1,54 +1,50 @@
 """Lexically constrained beam search: fairseq's ``LexicallyConstrainedBeamSearch`` (Post & Vilar
-2018, with Hu et al. 2019's dynamic beam allocation), one sentence at a time, so that a
-constrained sentence shares a step with unconstrained ones and gets what it gets alone.
+2018, with Hu et al. 2019's dynamic beam allocation) for every constrained sentence of a step at
+once, so that a constrained sentence shares a step with unconstrained ones and gets what it gets
+alone.
 
 A sentence's constraints are token sequences that every finished hypothesis must contain:
-``ordered`` in the order given, ``unordered`` in any order. Each hypothesis carries fairseq's
-own state of its progress (``OrderedConstraintState`` / ``UnorderedConstraintState`` of
-``fairseq.token_generation_constraints``, reused so that the states, their banks and their
-quirks are fairseq's). A step of a constrained sentence takes fairseq's candidates: the 2 x beam
-best, each hypothesis' best, and each hypothesis' next constraint tokens; sorts them by bank
-(constraint tokens met) and score, strikes duplicates, stripes them round-robin across the
-banks and keeps the first 2 x beam. EOS is forbidden to a hypothesis that has not met all its
-constraints. Then, as in :func:`beamplugin.search.beam_step.beam_step`, an EOS among the top
-beam ends a hypothesis and the first beam other candidates go on.
+``ordered`` in the order given, ``unordered`` in any order. Each hypothesis' progress through
+them is a state number of the sentence's :class:`ConstraintStates` (fairseq's states and moves).
+A step of a constrained sentence takes fairseq's candidates: the 2 x beam best, each
+hypothesis' best, and each hypothesis' next constraint tokens; sorts them by bank (constraint
+tokens met) and score, strikes duplicates, stripes them round-robin across the banks and keeps
+the first 2 x beam. EOS is forbidden to a hypothesis that has not met all its constraints. Then,
+as in :func:`beamplugin.search.beam_step.beam_step`, an EOS among the top beam ends a hypothesis
+and the first beam other candidates go on.
 
-The cost: like fairseq's, this step is host-side Python per hypothesis and per candidate (a
-state object advanced per candidate, small tensor operations and host reads per sentence),
-about 0.8 ms per constrained sentence per step at beam 5 on 8k words (one thread); sentences
-without constraints in the same step do not pay it.
+The cost: the tensor work (masks, top-k, gathers, both sorts) is done for all constrained
+sentences together, both sorts on the sentences whose lists have one length (so that each list
+gets the very sort fairseq gives it, ties included); what is left per sentence is plain Python
+on its few dozen candidates (a state lookup each, the duplicates, the stripes).
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from typing import NamedTuple
 
 import torch
-from fairseq.token_generation_constraints import (
-    ConstraintState,
-    OrderedConstraintState,
-    UnorderedConstraintState,
-    pack_constraints,
-)
 from torch import Tensor
 
 from beamplugin.search.beam_step import BeamStep, top_candidates
-
-# A sentence's constraints: token sequences, each of at least one token.
-Constraints = list[list[int]]
+from beamplugin.search.constraint_states import ROOT, Constraints, ConstraintStates
 
 # fairseq's sort key weight of a bank: (tokens - bank) * MAX_SCORE + score
 MAX_SCORE = -100
 
 
-def initial_state(constraints: Constraints, representation: str) -> ConstraintState:
-    """The state of a sentence's first hypothesis, built as fairseq builds it (from the packed
-    row, so its tokens are the same objects fairseq's states hold)."""
-    packed = pack_constraints([[torch.tensor(c, dtype=torch.long) for c in constraints]])[0]
-    if representation == "ordered":
-        return OrderedConstraintState.create(packed)
-    return UnorderedConstraintState.create(packed)
+class Progress(NamedTuple):
+    """A sentence's constraint states and each of its hypotheses' state."""
+
+    states: ConstraintStates
+    hypotheses: list[int]  # one state per hypothesis (one at the sentence's first step)
+
+
+def initial_progress(constraints: Constraints, representation: str) -> Progress:
+    """A sentence's progress before its first step (``representation``: ordered or unordered)."""
+    return Progress(ConstraintStates(constraints, representation), [ROOT])
 
 
 def check_constraints(
@@ -80,126 +76,193 @@ class ConstrainedSentence(NamedTuple):
     index: int  # its row in the step's BeamStep
     lprobs: Tensor  # [hypotheses, vocab] its log-probs after the rules (1 row at its first step)
     scores: Tensor | None  # [hypotheses] cumulative scores; None at its first step
-    states: list[ConstraintState]  # one per hypothesis
+    progress: Progress
+
+
+class _Candidates(NamedTuple):
+    """One sentence's candidates in fairseq's order before the sort: (hypothesis, token) and
+    the state each leads to; their scores are a row of the group's tensor."""
+
+    beams: list[int]
+    tokens: list[int]
+    states: list[int]
 
 
 def constrained_step(
     res: BeamStep, sentences: list[ConstrainedSentence], beam: int, eos: int
-) -> tuple[BeamStep, list[list[ConstraintState]]]:
+) -> tuple[BeamStep, list[Progress]]:
     """``res`` with the rows of ``sentences`` replaced by their constrained step, and each
-    one's states for its next beam."""
+    one's progress for its next beam."""
     k = res.cand_scores.size(1)
-    columns: dict[str, list[Tensor]] = {name: [] for name in BeamStep._fields[:-1]}
-    next_states = []
-    for sentence in sentences:
-        cand_scores, cand_tokens, cand_beams, cand_states = candidates(
-            sentence.lprobs, sentence.scores, sentence.states, k, eos
+    # sentences at their first step (one hypothesis each) and the others: one tensor each
+    groups = [g for g in ([s for s in sentences if s.scores is None],
+                          [s for s in sentences if s.scores is not None]) if g]  # fmt: skip
+    columns: dict[str, list[Tensor]] = defaultdict(list)
+    progress: list[Progress] = []
+    for group in groups:
+        scores, lists = _candidates(group, k, eos)
+        picked, ending, order, states = _striped(group, scores, lists, k, beam, eos)
+        device = scores.device
+        cand_scores = scores.gather(1, torch.tensor(picked, device=device))
+        cand_tokens = torch.tensor(
+            [[c.tokens[j] for j in row] for c, row in zip(lists, picked, strict=True)],
+            device=device,
         )
-        # as beam_step: an EOS with a finite score ends; the first beam others go on
-        is_eos = cand_tokens.eq(eos) & cand_scores.ne(-math.inf)
-        order = torch.sort(is_eos, stable=True).indices[:beam]
+        cand_beams = torch.tensor(
+            [[c.beams[j] for j in row] for c, row in zip(lists, picked, strict=True)],
+            device=device,
+        )
+        alive = torch.tensor(order, device=device)
         for name, value in zip(
-            columns,
-            (cand_scores, cand_tokens, cand_beams, is_eos[:beam], cand_beams[order],
-             cand_tokens[order], cand_scores[order]),
+            BeamStep._fields[:-1],
+            (cand_scores, cand_tokens, cand_beams, torch.tensor(ending, device=device),
+             cand_beams.gather(1, alive), cand_tokens.gather(1, alive),
+             cand_scores.gather(1, alive)),
             strict=True,
         ):  # fmt: skip
             columns[name].append(value)
-        next_states.append([cand_states[i] for i in order.tolist()])
-    index = torch.tensor([s.index for s in sentences], device=res.cand_scores.device)
+        progress += [Progress(s.progress.states, own) for s, own in zip(group, states, strict=True)]
+    ordered = [s for group in groups for s in group]
+    index = torch.tensor([s.index for s in ordered], device=res.cand_scores.device)
     replaced = {
-        name: getattr(res, name).index_copy(
-            0, index, torch.stack(rows).to(getattr(res, name).dtype)
-        )
-        for name, rows in columns.items()
+        name: getattr(res, name).index_copy(0, index, torch.cat(parts).to(getattr(res, name).dtype))
+        for name, parts in columns.items()
     }
     if res.first_nan is not None:  # their NaN log-probs were -inf already
         replaced["first_nan"] = res.first_nan.index_fill(0, index, False)
-    return res._replace(**replaced), next_states
+    by_sentence = {s.index: p for s, p in zip(ordered, progress, strict=True)}
+    return res._replace(**replaced), [by_sentence[s.index] for s in sentences]
 
 
-def candidates(
-    lprobs: Tensor, scores: Tensor | None, states: list[ConstraintState], k: int, eos: int
-) -> tuple[Tensor, Tensor, Tensor, list[ConstraintState]]:
-    """fairseq's ``LexicallyConstrainedBeamSearch.step`` and ``step_sentence`` for one sentence:
-    its ``k`` candidates (scores, tokens, hypotheses), best first in fairseq's striped order,
-    and the state of every candidate before the cut (fairseq's list, which its next beam
-    indexes). The same operations in the same order, so the same ties and quirks (the first
-    top-k by beam_step's ``top_candidates``, which gives ``torch.topk``'s)."""
-    lprobs = lprobs.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-    hypotheses, vocab = lprobs.shape
-    first = scores is None
-    if not first:  # no EOS before every constraint is met
-        unfinished = [beam for beam, state in enumerate(states) if not state.finished]
-        if unfinished:
-            lprobs[unfinished, eos] = -math.inf
-    # fairseq's torch.topk of the cumulative scores (our kernel where it serves: the same)
-    history = lprobs.new_zeros(1, 1) if first else scores.view(1, -1)
-    scores_buf, indices_buf = top_candidates(lprobs.unsqueeze(0), history, k)
-    if not first:
-        lprobs = lprobs + scores.unsqueeze(-1)
-    beams_buf = indices_buf // vocab
-    indices_buf = indices_buf.fmod(vocab)
+def _candidates(
+    group: list[ConstrainedSentence], k: int, eos: int
+) -> tuple[Tensor, list[_Candidates]]:
+    """fairseq's candidates of each sentence of ``group`` (all at their first step or none),
+    before its sort: the ``k`` best (beam_step's ``top_candidates``: torch.topk's), each
+    hypothesis' best, each hypothesis' next constraint tokens, in that order. Their scores
+    ``[sentences, longest]`` (a shorter row padded with -inf) and each one's lists."""
+    first = group[0].scores is None
+    lprobs = torch.stack([s.lprobs for s in group])
+    lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    count, hypotheses, vocab = lprobs.shape
+    if first:
+        history = lprobs.new_zeros(count, 1)
+    else:  # no EOS before every constraint is met
+        unfinished = [
+            [not s.progress.states.finished[state] for state in s.progress.hypotheses]
+            for s in group
+        ]
+        lprobs[:, :, eos].masked_fill_(torch.tensor(unfinished, device=lprobs.device), -math.inf)
+        history = torch.stack([s.scores for s in group])
+    scores, flat = top_candidates(lprobs, history, k)
+    beams, tokens = flat // vocab, flat.fmod(vocab)
     if not first:  # each hypothesis' best
-        top_scores, top_indices = torch.topk(lprobs, k=1, dim=1)
-        scores_buf = torch.cat((scores_buf, top_scores.view(1, -1)), dim=1)
-        indices_buf = torch.cat((indices_buf, top_indices.view(1, -1)), dim=1)
-        beams_buf = torch.cat((beams_buf, torch.arange(0, hypotheses).repeat(1, 1)), dim=1)
-    scores_buf, indices_buf, beams_buf = scores_buf[0], indices_buf[0], beams_buf[0]
+        lprobs = lprobs + history.unsqueeze(-1)
+        best_scores, best_tokens = torch.topk(lprobs, k=1, dim=2)
+        scores = torch.cat((scores, best_scores.view(count, -1)), dim=1)
+        tokens = torch.cat((tokens, best_tokens.view(count, -1)), dim=1)
+        beams = torch.cat((beams, torch.arange(hypotheses, device=beams.device).expand(count, -1)),
+                          dim=1)  # fmt: skip
+    lists = []
+    rows, columns, next_beams, next_tokens = [], [], [], []
+    width = scores.size(1)
+    for row, (sentence, row_beams, row_tokens) in enumerate(
+        zip(group, beams.tolist(), tokens.tolist(), strict=True)
+    ):
+        states, hypothesis_states = sentence.progress
+        for hypothesis, state in enumerate(hypothesis_states):
+            for token in states.next_tokens[state]:
+                rows.append(row)
+                next_beams.append(hypothesis)
+                next_tokens.append(token)
+                row_beams.append(hypothesis)
+                row_tokens.append(token)
+        columns += range(width, len(row_beams))
+        advance = states.advance
+        lists.append(_Candidates(row_beams, row_tokens, [
+            advance(hypothesis_states[b], t) for b, t in zip(row_beams, row_tokens, strict=True)
+        ]))  # fmt: skip
+    if rows:
+        longest = max(columns) + 1
+        padded = scores.new_full((count, longest), -math.inf)
+        padded[:, :width] = scores
+        device = scores.device
+        where = (torch.tensor(rows, device=device), torch.tensor(columns, device=device))
+        padded[where] = lprobs[where[0], torch.tensor(next_beams, device=device),
+                               torch.tensor(next_tokens, device=device)]  # fmt: skip
+        scores = padded
+    return scores, lists
 
-    # each hypothesis' next constraint tokens (at the first step: the one hypothesis'), in
-    # fairseq's order, appended at once
-    reached = states[:1] if first else states
-    next_tokens, next_beams = [], []
-    for beam, state in enumerate(reached):
-        tokens = list(state.next_tokens())
-        next_tokens += tokens
-        next_beams += [beam] * len(tokens)
-    if next_tokens:
-        tokens, beams = torch.tensor(next_tokens).long(), torch.tensor(next_beams)
-        indices_buf = torch.cat((indices_buf, tokens))
-        beams_buf = torch.cat((beams_buf, beams))
-        scores_buf = torch.cat((scores_buf, lprobs[beams, tokens]))
 
-    # sort by (bank, score), as fairseq does: bank weighs MAX_SCORE a token
-    cand_states = [
-        states[beam].advance(token)
-        for beam, token in zip(beams_buf.tolist(), indices_buf.tolist(), strict=True)
-    ]
-    banks = torch.tensor([s.bank for s in cand_states])
-    constraint_tokens = len(reached[-1].tokens)  # fairseq reads its loop's last state
-    sort_key = (constraint_tokens - banks) * MAX_SCORE + scores_buf
-    sort_indices = sort_key.sort(dim=0, descending=True).indices
-    scores_buf, indices_buf = scores_buf[sort_indices], indices_buf[sort_indices]
-    beams_buf, banks = beams_buf[sort_indices], banks[sort_indices]
-    cand_states = [cand_states[i] for i in sort_indices.tolist()]
-
-    # strike a candidate equal to the one before it (fairseq compares the first with the last
-    # too, and then drops a state only for the others)
-    keys = beams_buf * (vocab + 1) + indices_buf
-    unique = torch.cat((keys[-1:], keys[:-1])) != keys
-    scores_buf, indices_buf = scores_buf[unique], indices_buf[unique]
-    beams_buf, banks = beams_buf[unique], banks[unique]
-    position = 1
-    for keep in unique[1:].tolist():
-        if not keep:
-            cand_states.pop(position)
-        position += keep
-
-    # stripes: the best of each bank (highest first), then the second of each, ...
-    count = len(banks)
-    stripes = []
-    bank_rank, current = -1, None
-    for bank in banks.tolist():
-        if current is None:
-            current = bank
-        if bank != current:
-            bank_rank, current = 0, bank
-        else:
-            bank_rank += 1
-        stripes.append(constraint_tokens - bank + bank_rank * (count + 1))
-    sort_indices = torch.tensor(stripes, dtype=banks.dtype).sort(dim=0).indices
-    scores_buf, indices_buf = scores_buf[sort_indices], indices_buf[sort_indices]
-    beams_buf = beams_buf[sort_indices]
-    cand_states = [cand_states[i] for i in sort_indices.tolist()]
-    return scores_buf[:k], indices_buf[:k], beams_buf[:k], cand_states
+def _striped(
+    group: list[ConstrainedSentence],
+    scores: Tensor,
+    lists: list[_Candidates],
+    k: int,
+    beam: int,
+    eos: int,
+) -> tuple[list[list[int]], list[list[bool]], list[list[int]], list[list[int]]]:
+    """fairseq's ``step_sentence`` after its candidates, for each sentence: sort by (bank,
+    score), strike duplicates, sort by stripes; then beam_step's choice. Per sentence: its ``k``
+    candidates (positions in its lists), which of the first ``beam`` end in EOS, the next
+    beam (positions among the ``k``), and the next beam's states."""
+    # the sort by bank and score, on the sentences of each candidate count together
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for row, candidates in enumerate(lists):
+        by_length[len(candidates.tokens)].append(row)
+    first_order: list[list[int]] = [[] for _ in lists]
+    for length, rows in by_length.items():
+        index = torch.tensor(rows, device=scores.device)
+        banks = torch.tensor(
+            [[group[r].progress.states.bank[s] for s in lists[r].states] for r in rows],
+            device=scores.device,
+        )
+        weights = torch.tensor([[group[r].progress.states.sort_tokens] for r in rows],
+                               device=scores.device)  # fmt: skip
+        keys = (weights - banks) * MAX_SCORE + scores[index, :length]
+        for r, order in zip(rows, keys.sort(dim=1, descending=True).indices.tolist(), strict=True):
+            first_order[r] = order
+    # duplicates struck (fairseq compares the first with the last too, and then keeps the
+    # first's state in its list of states all the same), then stripes: the best of each bank
+    # (highest first), then the second of each, ...
+    kept_lists, state_lists, stripe_lists = [], [], []
+    for row, order in enumerate(first_order):
+        candidates, states = lists[row], group[row].progress.states
+        pairs = [(candidates.beams[j], candidates.tokens[j]) for j in order]
+        unique = [pairs[i] != pairs[i - 1] for i in range(len(pairs))]
+        kept = [j for j, keep in zip(order, unique, strict=True) if keep]
+        state_lists.append(kept if unique[0] else [order[0], *kept])
+        weight, count = states.sort_tokens, len(kept)
+        stripes, rank, current = [], -1, None
+        for j in kept:
+            bank = states.bank[candidates.states[j]]
+            if current is None:
+                current = bank
+            if bank != current:
+                rank, current = 0, bank
+            else:
+                rank += 1
+            stripes.append(weight - bank + rank * (count + 1))
+        kept_lists.append(kept)
+        stripe_lists.append(stripes)
+    by_length = defaultdict(list)
+    for row, stripes in enumerate(stripe_lists):
+        by_length[len(stripes)].append(row)
+    stripe_order: list[list[int]] = [[] for _ in lists]
+    for rows in by_length.values():
+        stripes = torch.tensor([stripe_lists[r] for r in rows])
+        for r, order in zip(rows, stripes.sort(dim=1).indices.tolist(), strict=True):
+            stripe_order[r] = order
+    # as beam_step: an EOS with a finite score ends; the first beam others go on
+    picked, ending, alive, next_states = [], [], [], []
+    score_rows = scores.tolist()
+    for row, order in enumerate(stripe_order):
+        candidates, kept, state_list = lists[row], kept_lists[row], state_lists[row]
+        chosen = [kept[j] for j in order[:k]]
+        is_eos = [candidates.tokens[j] == eos and score_rows[row][j] != -math.inf for j in chosen]
+        goes_on = sorted(range(len(is_eos)), key=is_eos.__getitem__)  # stable: EOS last
+        picked.append(chosen)
+        ending.append(is_eos[:beam])
+        alive.append(goes_on[:beam])
+        next_states.append([candidates.states[state_list[order[i]]] for i in goes_on[:beam]])
+    return picked, ending, alive, next_states

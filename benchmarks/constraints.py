@@ -1,0 +1,262 @@
+"""Lexically constrained decoding: fairseq's constrained generator against ours, side by side in
+one run, and a stream where one sentence in five carries constraints against the same stream
+without any.
+
+Models (random weights, 8k words, beam 5): ``convs2s``, the demo's ConvS2S shape (fairseq's fconv
+for fairseq, our convs2s with the same weights for us, sharpened so that outputs end at varied
+lengths); ``transformer``, a fairseq transformer of configs/transformer.conf's shape (3+3 layers
+x 256, 4 heads, FFN 1024, shared decoder embeddings), the same model for both. Sentences of 5 to
+40 random words, each with 1 to 3 random constraints of 1 to 3 words.
+
+Rows: ``fairseq`` (fairseq's SequenceGenerator with LexicallyConstrainedBeamSearch,
+``generate`` per batch) and ``ours`` (our SequenceGenerator with the same search, ``generate``
+per batch) at each batch size, ordered and unordered; ``stream`` (our engine, every sentence in
+one stream, ``--stream-in-flight`` at most in flight) with no constraints (the reference) and with
+constraints on one sentence in five. Each row is the median of ``--repeats`` interleaved rounds,
+after a warm-up; ours are checked to give fairseq's best hypotheses. Prints a markdown table with
+the CPU and kernels; ``--results FILE`` appends one JSON line a row.
+
+    python benchmarks/constraints.py --threads 1 --results benchmarks/results/cpu-avx512.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from fairseq import search
+from fairseq.data import Dictionary
+from fairseq.models import ARCH_CONFIG_REGISTRY
+from fairseq.models.fconv import FConvModel
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer import base_architecture as transformer_base
+from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
+from fairseq.token_generation_constraints import pack_constraints
+
+import beamplugin  # noqa: F401  (registers convs2s)
+from beamplugin import SequenceGenerator
+from beamplugin.engine import DecodingEngine
+from beamplugin.kernels import native_library
+from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.streams import IteratorSource, run, sentence_request
+
+WORDS, BEAM = 8000, 5
+REPRESENTATIONS = ("ordered", "unordered")
+CONSTRAINED_SHARE = 5  # one sentence in this many carries constraints in the stream rows
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", choices=["convs2s", "transformer"],
+                        default=["convs2s", "transformer"])  # fmt: skip
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--batch-1-sentences", type=int, default=8)
+    parser.add_argument("--sentences", type=int, default=64, help="timed at batch sizes > 1")
+    parser.add_argument("--stream-sentences", type=int, default=160)
+    parser.add_argument("--stream-in-flight", type=int, default=64)
+    parser.add_argument("--max-len-b", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--results", type=Path, help="append one JSON line a row here")
+    return parser.parse_args()
+
+
+def dictionary() -> Dictionary:
+    d = Dictionary()
+    for index in range(WORDS - d.nspecial):
+        d.add_symbol(f"w{index}")
+    d.finalize(padding_factor=8)
+    return d
+
+
+def build(name: str, d: Dictionary) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """fairseq's model and ours, with the same random weights."""
+    task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
+    torch.manual_seed(1)
+    if name == "transformer":
+        args = argparse.Namespace(
+            encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
+            encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
+            decoder_attention_heads=4, share_decoder_input_output_embed=True, dropout=0.0,
+            max_source_positions=1024, max_target_positions=1024,
+        )  # fmt: skip
+        transformer_base(args)
+        model = TransformerModel.build_model(args, task).eval()
+        with torch.no_grad():  # sharpened, so that outputs end at varied lengths
+            model.decoder.output_projection.weight.mul_(4)
+        return model, model
+    args = argparse.Namespace(max_source_positions=1024, max_target_positions=1024,
+                              arch="fconv_iwslt_de_en")  # fmt: skip
+    ARCH_CONFIG_REGISTRY["fconv_iwslt_de_en"](args)
+    fconv = FConvModel.build_model(args, task)
+    with torch.no_grad():
+        fconv.decoder.fc3.weight_g.mul_(10)
+        fconv.decoder.fc3.bias[d.eos()] += 4.5
+    fconv.eval()
+    ours_args = argparse.Namespace(**vars(args))
+    ours_args.arch = "convs2s_iwslt_de_en"
+    ARCH_CONFIG_REGISTRY[ours_args.arch](ours_args)
+    convs2s = ConvS2SModel.build_model(ours_args, task)
+    convs2s.load_state_dict(fconv.state_dict(), strict=True)
+    fconv.make_generation_fast_(beamable_mm_beam_size=BEAM)
+    return fconv, convs2s.eval()
+
+
+def workload(d: Dictionary, count: int, seed: int) -> list[tuple[torch.Tensor, list[list[int]]]]:
+    """``count`` sentences with their constraints."""
+    rng = random.Random(seed)
+    words = range(d.nspecial, len(d))
+    out = []
+    for _ in range(count):
+        source = [rng.choice(words) for _ in range(rng.randint(5, 40))] + [d.eos()]
+        constraints = [[rng.choice(words) for _ in range(rng.randint(1, 3))]
+                       for _ in range(rng.randint(1, 3))]  # fmt: skip
+        out.append((torch.tensor(source), constraints))
+    return out
+
+
+def batch_of(items: list[tuple[torch.Tensor, list[list[int]]]], d: Dictionary) -> dict:
+    width = max(len(s) for s, _ in items)
+    src = torch.full((len(items), width), d.pad(), dtype=torch.long)
+    for i, (s, _) in enumerate(items):
+        src[i, width - len(s) :] = s
+    lengths = torch.tensor([len(s) for s, _ in items])
+    packed = pack_constraints([[torch.tensor(c) for c in cs] for _, cs in items])
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}, "constraints": packed}
+
+
+def generate(gen: Any, model: Any, batches: list[dict]) -> tuple[float, list[list[int]], int]:
+    """Seconds, best hypotheses, output tokens (EOS included)."""
+    started = time.perf_counter()
+    best, tokens = [], 0
+    with torch.inference_mode():
+        for batch in batches:
+            sample = {"net_input": batch["net_input"]}
+            for hypos in gen.generate([model], sample, constraints=batch["constraints"]):
+                best.append(hypos[0]["tokens"].tolist())
+                tokens += len(hypos[0]["tokens"])
+    return time.perf_counter() - started, best, tokens
+
+
+def stream(gen: SequenceGenerator, items: list, in_flight: int, constrained: bool
+           ) -> tuple[float, list[list[int]], int]:  # fmt: skip
+    """Every sentence through one engine; with ``constrained``, one in CONSTRAINED_SHARE keeps
+    its constraints."""
+    engine = DecodingEngine.of(gen, max_sentences=in_flight)
+    requests = [
+        sentence_request(i, source, None,
+                         constraints=cs if constrained and i % CONSTRAINED_SHARE == 0 else None)
+        for i, (source, cs) in enumerate(items)
+    ]  # fmt: skip
+    started = time.perf_counter()
+    with torch.inference_mode():
+        finished = {f.key: f for f in run(engine, IteratorSource(iter(requests)))}
+    seconds = time.perf_counter() - started
+    best = [finished[i].hypotheses[0]["tokens"].tolist() for i in range(len(items))]
+    return seconds, best, sum(len(b) for b in best)
+
+
+def describe(threads: int) -> dict:
+    flags = set()
+    model = platform.processor()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            model = value.strip()
+        elif key.strip() == "flags":
+            flags = set(value.split())
+    shown = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16")
+    kernels = native_library.built_for("products")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()  # fmt: skip
+    return {
+        "device": f"{model}, {threads} thread{'s' if threads > 1 else ''}",
+        "host_cpu": model,
+        "cpu_flags": " ".join(f for f in shown if f in flags),
+        "kernels": kernels,
+        "commit": commit or None,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    machine = describe(args.threads)
+    print(f"# {machine['device']} ({machine['cpu_flags']}), our kernels {machine['kernels']}")
+    d = dictionary()
+    options = dict(beam_size=BEAM, max_len_a=0, max_len_b=args.max_len_b)
+    rows: list[dict] = []
+    for name in args.models:
+        theirs, ours = build(name, d)
+        cases: dict[str, tuple] = {}
+        for representation in REPRESENTATIONS:
+            for size in args.batch_sizes:
+                count = args.batch_1_sentences if size == 1 else args.sentences
+                items = workload(d, count, seed=size)
+                batches = [batch_of(items[i : i + size], d) for i in range(0, count, size)]
+                for system, model in (("fairseq", theirs), ("ours", ours)):
+                    strategy = search.LexicallyConstrainedBeamSearch(d, representation)
+                    make = FairseqGenerator if system == "fairseq" else SequenceGenerator
+                    gen = make([model], d, search_strategy=strategy, **options)
+                    job = (lambda g=gen, m=model, b=batches: generate(g, m, b))  # noqa: E731
+                    cases[f"{representation} batch {size}/{system}"] = (job, size, system)
+        items = workload(d, args.stream_sentences, seed=99)
+        for kind in ("none", "1 in 5"):
+            strategy = search.LexicallyConstrainedBeamSearch(d, "ordered")
+            gen = SequenceGenerator([ours], d, search_strategy=strategy, **options)
+            job = (lambda g=gen, k=kind: stream(g, items, args.stream_in_flight, k != "none"))  # noqa: E731
+            cases[f"stream {args.stream_in_flight} in flight/constraints {kind}"] = (
+                job, args.stream_in_flight, f"constraints {kind}")  # fmt: skip
+        times: dict[str, list[float]] = {key: [] for key in cases}
+        outputs: dict[str, tuple] = {}
+        for key, (job, _, _) in cases.items():  # warm-up
+            outputs[key] = job()[1:]
+        for _ in range(args.repeats):
+            for key, (job, _, _) in cases.items():
+                times[key].append(job()[0])
+        for key, (_, size, system) in cases.items():
+            comparison = key.split("/")[0]
+            reference = f"{comparison}/fairseq" if "stream" not in key else (
+                f"{comparison}/constraints none")  # fmt: skip
+            seconds = statistics.median(times[key])
+            tokens = outputs[key][1]
+            ratio = statistics.median(times[reference]) / seconds
+            rows.append({
+                "table": "cpu-avx512" if "avx512" in machine["kernels"] else "cpu-avx2",
+                "row": f"constraints-{name}-{comparison.replace(' ', '-')}",
+                "what": f"lexical constraints, {comparison}, beam {BEAM}, 1-3 constraints a "
+                        f"sentence" + (", 1 sentence in 5 constrained" if "stream" in key else ""),
+                "system": system, "model": f"{name} (random, 8k words)", "precision": "float32",
+                "batch": size, "sentences_per_s": None, "tokens_per_s": round(tokens / seconds, 1),
+                "ms_per_step": None, "peak_mib": None,
+                "ratio": {"against": reference.split("/")[1], "value": round(ratio, 2)},
+                "same_as_reference": outputs[key][0] == outputs[reference][0]
+                if "stream" not in key else None,
+                "command": "python benchmarks/constraints.py --threads "
+                           f"{args.threads}", "date": time.strftime("%Y-%m-%d %H:%M"),
+                "cpu_flags": machine["cpu_flags"], "kernels": machine["kernels"],
+                "device": machine["device"], "host_cpu": machine["host_cpu"],
+                "commit": machine["commit"],
+            })  # fmt: skip
+    print("| model | comparison | system | tokens/s | ratio | same best as fairseq |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['model']} | {row['what'].split(',')[1].strip()} | {row['system']} | "
+              f"{row['tokens_per_s']} | x{row['ratio']['value']} vs {row['ratio']['against']} | "
+              f"{row['same_as_reference']} |")  # fmt: skip
+    if args.results:
+        with args.results.open("a") as out:
+            for row in rows:
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
