@@ -157,10 +157,9 @@ def _candidates(
     scores, flat = top_candidates(lprobs, history, k)
     beams, tokens = flat // vocab, flat.fmod(vocab)
     if not first:  # each hypothesis' best
-        lprobs = lprobs + history.unsqueeze(-1)
-        best_scores, best_tokens = torch.topk(lprobs, k=1, dim=2)
-        scores = torch.cat((scores, best_scores.view(count, -1)), dim=1)
-        tokens = torch.cat((tokens, best_tokens.view(count, -1)), dim=1)
+        best_scores, best_tokens = _best_each(lprobs, history)
+        scores = torch.cat((scores, best_scores), dim=1)
+        tokens = torch.cat((tokens, best_tokens), dim=1)
         beams = torch.cat((beams, torch.arange(hypotheses, device=beams.device).expand(count, -1)),
                           dim=1)  # fmt: skip
     lists = []
@@ -188,10 +187,29 @@ def _candidates(
         padded[:, :width] = scores
         device = scores.device
         where = (torch.tensor(rows, device=device), torch.tensor(columns, device=device))
-        padded[where] = lprobs[where[0], torch.tensor(next_beams, device=device),
-                               torch.tensor(next_tokens, device=device)]  # fmt: skip
+        hypothesis = torch.tensor(next_beams, device=device)
+        padded[where] = lprobs[where[0], hypothesis, torch.tensor(next_tokens, device=device)]
+        if not first:  # the cumulative scores, added as fairseq adds them
+            padded[where] += history[where[0], hypothesis]
         scores = padded
     return scores, lists
+
+
+def _best_each(lprobs: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:
+    """fairseq's ``torch.topk(lprobs + history, k=1)`` of each hypothesis, ``[sentences,
+    hypotheses]`` each: the two best of each by ``top_candidates`` (our kernel on the CPU,
+    without the sum written out), torch.topk itself for the rows whose two best are equal,
+    where its order decides."""
+    count, hypotheses, vocab = lprobs.shape
+    rows = lprobs.view(count * hypotheses, 1, vocab)
+    two_scores, two_tokens = top_candidates(rows, history.view(-1, 1), 2)
+    best_scores, best_tokens = two_scores[:, 0].clone(), two_tokens[:, 0].clone()
+    tied = two_scores[:, 0].eq(two_scores[:, 1]).nonzero().view(-1)
+    if tied.numel():
+        again = rows.index_select(0, tied).view(-1, vocab) + history.view(-1, 1)[tied]
+        tied_scores, tied_tokens = torch.topk(again, k=1, dim=1)
+        best_scores[tied], best_tokens[tied] = tied_scores.view(-1), tied_tokens.view(-1)
+    return best_scores.view(count, hypotheses), best_tokens.view(count, hypotheses)
 
 
 def _striped(
