@@ -86,13 +86,15 @@ class _Candidates(NamedTuple):
     beams: list[int]
     tokens: list[int]
     states: list[int]
+    banks: list[int]
 
 
 def constrained_step(
     res: BeamStep, sentences: list[ConstrainedSentence], beam: int, eos: int
 ) -> tuple[BeamStep, list[Progress]]:
     """``res`` with the rows of ``sentences`` replaced by their constrained step, and each
-    one's progress for its next beam."""
+    one's progress for its next beam. Their log-probs are read in place (EOS masked there while
+    this runs, then restored); a NaN among them sets the row's ``first_nan``, as in beam_step."""
     k = res.cand_scores.size(1)
     # sentences at their first step (one hypothesis each) and the others: one tensor each
     groups = [g for g in ([s for s in sentences if s.scores is None],
@@ -101,17 +103,18 @@ def constrained_step(
     progress: list[Progress] = []
     for group in groups:
         scores, lists = _candidates(group, k, eos)
+        columns["nan"].append(scores.isnan().any(1))
         picked, ending, order, states = _striped(group, scores, lists, k, beam, eos)
         device = scores.device
         cand_scores = scores.gather(1, torch.tensor(picked, device=device))
         cand_tokens = torch.tensor(
-            [[c.tokens[j] for j in row] for c, row in zip(lists, picked, strict=True)],
+            [c.tokens[j] for c, row in zip(lists, picked, strict=True) for j in row],
             device=device,
-        )
+        ).view(len(group), -1)
         cand_beams = torch.tensor(
-            [[c.beams[j] for j in row] for c, row in zip(lists, picked, strict=True)],
+            [c.beams[j] for c, row in zip(lists, picked, strict=True) for j in row],
             device=device,
-        )
+        ).view(len(group), -1)
         alive = torch.tensor(order, device=device)
         for name, value in zip(
             BeamStep._fields[:-1],
@@ -127,9 +130,14 @@ def constrained_step(
     replaced = {
         name: getattr(res, name).index_copy(0, index, torch.cat(parts).to(getattr(res, name).dtype))
         for name, parts in columns.items()
+        if name != "nan"
     }
-    if res.first_nan is not None:  # their NaN log-probs were -inf already
-        replaced["first_nan"] = res.first_nan.index_fill(0, index, False)
+    # a NaN log-prob (ranked first by torch.topk): the caller makes them -inf and steps again
+    nan = torch.cat(columns.pop("nan")).view(-1, 1)
+    if res.first_nan is not None or bool(nan.any()):
+        first_nan = res.first_nan if res.first_nan is not None else nan.new_zeros(
+            res.cand_scores.size(0), 1)  # fmt: skip
+        replaced["first_nan"] = first_nan.index_copy(0, index, nan)
     by_sentence = {s.index: p for s, p in zip(ordered, progress, strict=True)}
     return res._replace(**replaced), [by_sentence[s.index] for s in sentences]
 
@@ -142,18 +150,43 @@ def _candidates(
     hypothesis' best, each hypothesis' next constraint tokens, in that order. Their scores
     ``[sentences, longest]`` (a shorter row padded with -inf) and each one's lists."""
     first = group[0].scores is None
-    lprobs = torch.stack([s.lprobs for s in group])
-    lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    lprobs = _rows(group)
     count, hypotheses, vocab = lprobs.shape
     if first:
         history = lprobs.new_zeros(count, 1)
-    else:  # no EOS before every constraint is met
-        unfinished = [
-            [not s.progress.states.finished[state] for state in s.progress.hypotheses]
-            for s in group
-        ]
-        lprobs[:, :, eos].masked_fill_(torch.tensor(unfinished, device=lprobs.device), -math.inf)
-        history = torch.stack([s.scores for s in group])
+        return _listed(group, lprobs, history, k)
+    # no EOS before every constraint is met: masked in the caller's rows for the while
+    unfinished = [
+        [not s.progress.states.finished[state] for state in s.progress.hypotheses] for s in group
+    ]
+    eos_column = lprobs[:, :, eos]
+    kept = eos_column.clone()
+    eos_column.masked_fill_(torch.tensor(unfinished, device=lprobs.device), -math.inf)
+    try:
+        return _listed(group, lprobs, torch.stack([s.scores for s in group]), k)
+    finally:
+        eos_column.copy_(kept)
+
+
+def _rows(group: list[ConstrainedSentence]) -> Tensor:
+    """The log-probs of ``group`` ``[sentences, hypotheses, vocab]``: a view of the caller's
+    tensor where their rows follow each other there (a batch all constrained), else a copy."""
+    rows = [s.lprobs for s in group]
+    hypotheses, vocab = rows[0].shape
+    size = hypotheses * vocab * rows[0].element_size()
+    start = rows[0].data_ptr()
+    if all(r.is_contiguous() and r.data_ptr() == start + i * size for i, r in enumerate(rows)):
+        return rows[0].as_strided((len(rows), hypotheses, vocab), (hypotheses * vocab, vocab, 1))
+    return torch.stack(rows)
+
+
+def _listed(
+    group: list[ConstrainedSentence], lprobs: Tensor, history: Tensor, k: int
+) -> tuple[Tensor, list[_Candidates]]:
+    """:func:`_candidates` on ``lprobs`` with EOS masked and the hypotheses' scores
+    ``history``."""
+    first = group[0].scores is None
+    count, hypotheses, vocab = lprobs.shape
     scores, flat = top_candidates(lprobs, history, k)
     beams, tokens = flat // vocab, flat.fmod(vocab)
     if not first:  # each hypothesis' best
@@ -177,10 +210,11 @@ def _candidates(
                 row_beams.append(hypothesis)
                 row_tokens.append(token)
         columns += range(width, len(row_beams))
-        advance = states.advance
-        lists.append(_Candidates(row_beams, row_tokens, [
+        advance, bank = states.advance, states.bank
+        reached = [
             advance(hypothesis_states[b], t) for b, t in zip(row_beams, row_tokens, strict=True)
-        ]))  # fmt: skip
+        ]
+        lists.append(_Candidates(row_beams, row_tokens, reached, [bank[x] for x in reached]))
     if rows:
         longest = max(columns) + 1
         padded = scores.new_full((count, longest), -math.inf)
@@ -231,12 +265,10 @@ def _striped(
     first_order: list[list[int]] = [[] for _ in lists]
     for length, rows in by_length.items():
         index = torch.tensor(rows, device=scores.device)
-        banks = torch.tensor(
-            [[group[r].progress.states.bank[s] for s in lists[r].states] for r in rows],
-            device=scores.device,
-        )
-        weights = torch.tensor([[group[r].progress.states.sort_tokens] for r in rows],
+        banks = torch.tensor([b for r in rows for b in lists[r].banks], device=scores.device)
+        weights = torch.tensor([group[r].progress.states.sort_tokens for r in rows],
                                device=scores.device)  # fmt: skip
+        banks, weights = banks.view(len(rows), length), weights.view(-1, 1)
         keys = (weights - banks) * MAX_SCORE + scores[index, :length]
         for r, order in zip(rows, keys.sort(dim=1, descending=True).indices.tolist(), strict=True):
             first_order[r] = order
@@ -245,15 +277,16 @@ def _striped(
     # (highest first), then the second of each, ...
     kept_lists, state_lists, stripe_lists = [], [], []
     for row, order in enumerate(first_order):
-        candidates, states = lists[row], group[row].progress.states
+        candidates = lists[row]
         pairs = [(candidates.beams[j], candidates.tokens[j]) for j in order]
         unique = [pairs[i] != pairs[i - 1] for i in range(len(pairs))]
         kept = [j for j, keep in zip(order, unique, strict=True) if keep]
         state_lists.append(kept if unique[0] else [order[0], *kept])
-        weight, count = states.sort_tokens, len(kept)
+        weight, count = group[row].progress.states.sort_tokens, len(kept)
         stripes, rank, current = [], -1, None
+        banks = candidates.banks
         for j in kept:
-            bank = states.bank[candidates.states[j]]
+            bank = banks[j]
             if current is None:
                 current = bank
             if bank != current:
@@ -268,7 +301,7 @@ def _striped(
         by_length[len(stripes)].append(row)
     stripe_order: list[list[int]] = [[] for _ in lists]
     for rows in by_length.values():
-        stripes = torch.tensor([stripe_lists[r] for r in rows])
+        stripes = torch.tensor([x for r in rows for x in stripe_lists[r]]).view(len(rows), -1)
         for r, order in zip(rows, stripes.sort(dim=1).indices.tolist(), strict=True):
             stripe_order[r] = order
     # as beam_step: an EOS with a finite score ends; the first beam others go on
