@@ -41,12 +41,12 @@ test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /us
 # ARGS="--path CKPT --data DATA-BIN"); then the GPU's code path (the device engine) on the CPU
 # beside the other engine: its host time a step, watched without a GPU.
 bench: $(BIN)/.installed
-	$(BIN)/python scripts/bench_kernels.py --threads 1
-	$(BIN)/python scripts/bench_generate.py $(or $(ARGS),--random --batch-sizes 1 64)
-	$(BIN)/python scripts/bench_roofline.py $(or $(ARGS),--random --batch-sizes 1 64)
-	$(BIN)/python scripts/bench_precision.py --precisions bf16 int8 $(or $(ARGS),--random \
+	$(BIN)/python -m benchmarks.kernels --threads 1
+	$(BIN)/python -m benchmarks.generate $(or $(ARGS),--random --batch-sizes 1 64)
+	$(BIN)/python -m benchmarks.roofline $(or $(ARGS),--random --batch-sizes 1 64)
+	$(BIN)/python -m benchmarks.precision --precisions bf16 int8 $(or $(ARGS),--random \
 		--batch-sizes 1 64 --max-sentences 64 --repeats 2)
-	$(BIN)/python scripts/bench_gpu_step.py --device cpu --models tiny --batch-sizes 1 64 \
+	$(BIN)/python -m benchmarks.gpu_step --device cpu --models tiny --batch-sizes 1 64 \
 		--sentences 128 --rounds 2 --precision float32 --systems ours device
 
 # The results tables of README.md and docs/ rewritten from benchmarks/results/*.jsonl, the one
@@ -57,4 +57,4 @@ tables:
 # Our C kernels compiled for AVX2 and AVX-512, counting the fused multiply-adds on the stack:
 # each is a spilled accumulator (docs/architecture.md, "add an instruction set").
 isa-check:
-	bash scripts/isa_check.sh .
+	bash benchmarks/isa_check.sh .

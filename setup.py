@@ -66,7 +66,7 @@ setup(
         ],
         # beamplugin-translate --ray (docs/cluster.md); make test installs it with dev
         "cluster": ["ray==2.60.0"],
-        # scripts/bench_transformer.py only: CTranslate2 decodes the same checkpoints there
+        # benchmarks/transformer.py only: CTranslate2 decodes the same checkpoints there
         "bench": ["ctranslate2==4.8.5"],
     },
     entry_points={

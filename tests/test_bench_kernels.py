@@ -1,4 +1,4 @@
-"""scripts/bench_kernels.py, the first table of `make bench`, runs on this CPU: for the best
+"""benchmarks/kernels.py, the first table of `make bench`, runs on this CPU: for the best
 instruction set it runs, a row per shape and row count for our float32 products, and as many
 for our int8 kernel against torch's int8 path where ours is built for the set."""
 
@@ -11,15 +11,15 @@ from pathlib import Path
 
 from beamplugin.kernels import instruction_sets
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_kernels.py"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_kernel_table_has_a_products_and_an_int8_row_for_each_shape():
     best = next(isa.name for isa in instruction_sets.SETS if instruction_sets.runs_here(isa))
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--sets", best, "--threads", "1", "--kernels",
+        [sys.executable, "-m", "benchmarks.kernels", "--sets", best, "--threads", "1", "--kernels",
          "products", "int8", "--shapes", "64x96"],
-        capture_output=True, text=True, check=True, timeout=300,
+        capture_output=True, text=True, check=True, timeout=300, cwd=REPO,
     ).stdout  # fmt: skip
     sets = dict(re.findall(r"^# (\w+): our kernels \w+, int8 (\w+);", out, re.M))
     assert list(sets) == [best]

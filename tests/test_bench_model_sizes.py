@@ -1,7 +1,7 @@
-"""scripts/bench_model_sizes.py's models, built tiny: fairseq loads them, ours decodes them as
-fairseq does, CTranslate2 converts them and decodes as many steps as fairseq."""
+"""benchmarks/models.py's transformers of the deployed sizes, built tiny: fairseq loads them,
+ours decodes them as fairseq does, CTranslate2 converts them and decodes as many steps as
+fairseq."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,11 +10,7 @@ from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
-
-# scripts/ holds scripts, not a package, which import each other by name.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_model_sizes  # noqa: E402
-import bench_transformer  # noqa: E402
+from benchmarks import models, transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_LEN_B = 12  # a random model decodes to the limit: keep it short
@@ -23,18 +19,18 @@ SENTENCES = 4
 
 def built(name: str, cache: Path) -> tuple[Path, Path, object, object]:
     """(checkpoint, data, model, task) of the tiny ``name`` built into ``cache``."""
-    checkpoint, data = bench_model_sizes.build(name, "tiny", cache)
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+    checkpoint, data = models.build(name, "tiny", cache)
+    loaded, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(checkpoint)], arg_overrides={"data": str(data)}
     )
-    return checkpoint, data, models[0].eval(), task
+    return checkpoint, data, loaded[0].eval(), task
 
 
 def test_build_writes_the_shape_and_test_split_and_is_reused(tmp_path):
     checkpoint, _, model, task = built("nllb-600m", tmp_path)
-    layers, width, ffn, heads = bench_model_sizes.TINY_SIZES
+    layers, width, ffn, heads = models.TINY_SIZES
     assert len(task.source_dictionary) == len(task.target_dictionary)
-    assert len(task.target_dictionary) == bench_model_sizes.TINY_WORDS
+    assert len(task.target_dictionary) == models.TINY_WORDS
     assert len(model.encoder.layers) == len(model.decoder.layers) == layers
     assert model.encoder.layers[0].normalize_before and model.decoder.layers[0].normalize_before
     assert model.encoder.layers[0].fc1.weight.shape == (ffn, width)
@@ -42,22 +38,22 @@ def test_build_writes_the_shape_and_test_split_and_is_reused(tmp_path):
     assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
     task.load_dataset("test")
     dataset = task.dataset("test")
-    assert len(dataset) == bench_model_sizes.TEST_SENTENCES
-    shortest, longest = bench_model_sizes.SENTENCE_WORDS
+    assert len(dataset) == models.TEST_SENTENCES
+    shortest, longest = models.SENTENCE_WORDS
     lengths = {len(dataset[i]["source"]) for i in range(len(dataset))}
     assert min(lengths) == shortest + 1 and max(lengths) == longest + 1  # EOS included
     written = checkpoint.stat().st_mtime_ns
-    assert bench_model_sizes.build("nllb-600m", "tiny", tmp_path)[0] == checkpoint
+    assert models.build("nllb-600m", "tiny", tmp_path)[0] == checkpoint
     assert checkpoint.stat().st_mtime_ns == written  # reused, not built again
 
 
-@pytest.mark.parametrize("name", list(bench_model_sizes.SHAPES))
+@pytest.mark.parametrize("name", list(models.SHAPES))
 def test_ours_gives_fairseqs_best_hypotheses(name, tmp_path):
     _, _, model, task = built(name, tmp_path)
     task.load_dataset("test")
     dataset = task.dataset("test")
     batch = dataset.collater([dataset[i] for i in range(SENTENCES)])
-    options = dict(beam_size=bench_transformer.BEAM, max_len_a=0, max_len_b=MAX_LEN_B)
+    options = dict(beam_size=transformer.BEAM, max_len_a=0, max_len_b=MAX_LEN_B)
     dictionary = task.target_dictionary
     with torch.inference_mode():
         theirs = FairseqGenerator([model], dictionary, **options).generate([model], batch)
@@ -70,23 +66,23 @@ def test_ours_gives_fairseqs_best_hypotheses(name, tmp_path):
 def test_ctranslate2_converts_and_decodes_as_many_steps_as_fairseq(tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     checkpoint, data, model, task = built("nllb-600m", tmp_path)
-    converted = bench_transformer.ct2_model(str(checkpoint), str(data), None, tmp_path)
+    converted = transformer.ct2_model(str(checkpoint), str(data), None, tmp_path)
     task.load_dataset("test")
     dataset = task.dataset("test")
     dictionary = task.target_dictionary
     batch = dataset.collater([dataset[i] for i in range(SENTENCES)])
-    generator = FairseqGenerator([model], dictionary, beam_size=bench_transformer.BEAM,
+    generator = FairseqGenerator([model], dictionary, beam_size=transformer.BEAM,
                                  max_len_a=0, max_len_b=MAX_LEN_B)  # fmt: skip
     with torch.inference_mode():
         fairseq_best = [h[0]["tokens"].tolist() for h in generator.generate([model], batch)]
     translator = ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)
     words = [[dictionary[t] for t in dataset[i]["source"][:-1]] for i in batch["id"].tolist()]
     results = translator.translate_batch(
-        words, beam_size=bench_transformer.BEAM, length_penalty=1.0,
-        max_decoding_length=bench_transformer.ct2_decoding_length(MAX_LEN_B),
+        words, beam_size=transformer.BEAM, length_penalty=1.0,
+        max_decoding_length=transformer.ct2_decoding_length(MAX_LEN_B),
     )  # fmt: skip
     ct2_words = [r.hypotheses[0] for r in results]
-    ct2_best = bench_transformer.ct2_tokens(ct2_words, dictionary, MAX_LEN_B)
+    ct2_best = transformer.ct2_tokens(ct2_words, dictionary, MAX_LEN_B)
     # Where both found the same best hypothesis and fairseq's ran to the limit (its last step
     # forced to EOS), CTranslate2 decoded that last step too: one word more than fairseq.
     at_limit = [len(w) for w, ct2, ours in zip(ct2_words, ct2_best, fairseq_best, strict=True)
@@ -96,9 +92,9 @@ def test_ctranslate2_converts_and_decodes_as_many_steps_as_fairseq(tmp_path):
 
 
 def test_half_precisions_are_refused_on_the_cpu_before_anything_is_loaded(tmp_path):
-    parser = bench_transformer.checkpoint_parser("x")
-    bench_transformer.timing_options(parser, MAX_LEN_B)
+    parser = transformer.checkpoint_parser("x")
+    transformer.timing_options(parser, MAX_LEN_B)
     parsed = parser.parse_args(["--path", "none", "--data", "none", "--precision", "fp16"])
     # nothing at "none": a check after loading would fail on the missing checkpoint instead
     with pytest.raises(SystemExit, match="--device cuda"):
-        bench_transformer.measure(str(tmp_path / "none.pt"), str(tmp_path), parsed)
+        transformer.measure(str(tmp_path / "none.pt"), str(tmp_path), parsed)

@@ -1,21 +1,18 @@
 """Checkpoints loaded to decode are mapped from their files (the weights are the file's pages),
 decode the same bits as a copied load, and hand back the pages our kernels do not read."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from fairseq import checkpoint_utils
+from test_pages import resident_pages
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.models.transformer_weights import TransformerWeights
 from beamplugin.runtime.pages import FileMappings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_model_sizes  # noqa: E402
-from test_pages import resident_pages  # noqa: E402
+from benchmarks.models import build
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
     """A pre-norm transformer with shared embeddings (an NLLB-shaped model, tiny)."""
-    return bench_model_sizes.build("nllb-600m", "tiny", tmp_path_factory.mktemp("models"))
+    return build("nllb-600m", "tiny", tmp_path_factory.mktemp("models"))
 
 
 def load(checkpoint: tuple[Path, Path], monkeypatch, mapped: bool):

@@ -145,10 +145,10 @@ def test_load_test_script_finds_nothing_lost_and_every_bad_input_refused(server,
     sentences = tmp_path / "sentences.de"
     sentences.write_text("\n".join(LINES[:12]) + "\n")
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "load_test_server.py"), "--url", server.url,
+        [sys.executable, "-m", "benchmarks.load_test_server", "--url", server.url,
          "--sentences", str(sentences), "--clients", "16", "--requests", "48",
          "--body-limit", str(BODY_LIMIT), "--time-limit", "120"],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True, text=True, timeout=180, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "48 answered correctly" in result.stdout and "0 failures" in result.stdout

@@ -3,7 +3,7 @@ own kernel (beamplugin.kernels.float_products), half precisions through oneDNN's
 
 On CPU, ``F.linear`` runs float32 products through MKL, which on the AMD EPYC we measured is
 1.6-2.4 times slower than oneDNN's matmul from 5 rows up, at every shape of these models
-(``python scripts/bench_linear.py``; docs/speed.md), and picks other kernels for 1 to 3 rows, so
+(``python -m benchmarks.linear``; docs/speed.md), and picks other kernels for 1 to 3 rows, so
 a row's result would depend on how many rows share its product. oneDNN's matmul in turn costs
 about 12 us a call whatever its size, most of a decoder step's product at a few rows; our
 kernel is called in about 1 us and is as fast as oneDNN from about 40 rows. Both give a row the

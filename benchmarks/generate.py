@@ -18,9 +18,9 @@ within 1e-4), and, from a separate instrumented pass, where the time goes: model
 (search bookkeeping); and how many tensor operations our generator makes per decoder step outside
 the forwards, by part (on small batches their number, not their size, sets that time).
 
-    python scripts/bench_generate.py --path ckpt/checkpoint_best.pt --data data-bin \\
+    python -m benchmarks.generate --path ckpt/checkpoint_best.pt --data data-bin \\
         --batch-sizes 1 64 --beam 5 --threads 2 --max-sentences 200
-    python scripts/bench_generate.py --random   # fconv_iwslt_de_en shape, 8k vocabulary
+    python -m benchmarks.generate --random   # fconv_iwslt_de_en shape, 8k vocabulary
 
 With ``--device cuda`` the models and batches live on the GPU, each timed pass ends with a
 ``torch.cuda.synchronize()``, and a further pass under ``torch.cuda.set_sync_debug_mode`` counts
@@ -40,10 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from fairseq import checkpoint_utils, utils
-from fairseq.data import Dictionary, data_utils
-from fairseq.models import ARCH_CONFIG_REGISTRY
-from fairseq.models.fconv import FConvModel
+from fairseq import utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -54,12 +51,16 @@ from beamplugin.engine.finalizer import Finalizer
 from beamplugin.engine.model_runner import ModelRunner
 from beamplugin.engine.slots import Slots
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
-from beamplugin.kernels import instruction_sets, native_library
-from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import MemoryPool
 from beamplugin.search.log_prob_rules import LogProbRules
-
-Batch = dict[str, Any]
+from benchmarks.common import cpu_description
+from benchmarks.models import (
+    Batch,
+    benchmark_models,
+    checkpoint_batches,
+    prepare,
+    random_batches,
+)
 
 
 def parse_args() -> Namespace:
@@ -86,146 +87,7 @@ def parse_args() -> Namespace:
 
 
 # ---------------------------------------------------------------------------------------------
-# models and sentences
-
-
-def random_fconv(vocab_size: int, seed: int) -> tuple[FConvModel, Dictionary, Namespace]:
-    """An fconv_iwslt_de_en-shaped model with random weights, sharpened so that outputs end at
-    varied lengths (a random model otherwise rambles on to max length)."""
-    dictionary = Dictionary()
-    for index in range(vocab_size - dictionary.nspecial):
-        dictionary.add_symbol(f"w{index}")
-    dictionary.finalize(padding_factor=8)
-    args = Namespace(max_source_positions=1024, max_target_positions=1024, arch="fconv_iwslt_de_en")
-    ARCH_CONFIG_REGISTRY["fconv_iwslt_de_en"](args)
-    task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    torch.manual_seed(seed)
-    model = FConvModel.build_model(args, task)
-    with torch.no_grad():
-        model.decoder.fc3.weight_g.mul_(10)
-        model.decoder.fc3.bias[dictionary.eos()] += 4.5
-    return model.eval(), dictionary, args
-
-
-def random_batches(dictionary: Dictionary, n: int, batch_size: int, seed: int) -> list[Batch]:
-    """IWSLT-like source lengths (5 to 40 words), left-padded and ending in EOS."""
-    g = torch.Generator().manual_seed(seed)
-    sentences = [
-        torch.cat(
-            [
-                torch.randint(dictionary.nspecial, len(dictionary), (int(length),), generator=g),
-                torch.tensor([dictionary.eos()]),
-            ]
-        )
-        for length in torch.randint(5, 41, (n,), generator=g)
-    ]
-    return [collate(sentences[i : i + batch_size], dictionary, i) for i in range(0, n, batch_size)]
-
-
-def collate(sentences: list[torch.Tensor], dictionary: Dictionary, first_id: int) -> Batch:
-    return {
-        "id": torch.arange(first_id, first_id + len(sentences)),
-        "net_input": {
-            "src_tokens": data_utils.collate_tokens(sentences, dictionary.pad(), left_pad=True),
-            "src_lengths": torch.tensor([s.numel() for s in sentences]),
-        },
-    }
-
-
-def checkpoint_models(path: str, data: str) -> tuple[FConvModel, ConvS2SModel, Any]:
-    """fconv and convs2s with the weights of an fconv or a convs2s checkpoint, and its task."""
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [path], arg_overrides={"data": data}
-    )
-    model = models[0]
-    if not isinstance(model, FConvModel | ConvS2SModel):
-        raise SystemExit(f"{path} holds a {type(model).__name__}, not an fconv/convs2s model")
-    args = cfg.model if isinstance(cfg.model, Namespace) else Namespace(**dict(cfg.model))
-    args.arch = getattr(args, "arch", None) or getattr(args, "_name", None)
-    if isinstance(model, FConvModel):
-        return model.eval(), same_weights(ConvS2SModel, model, args, task, "fconv"), task
-    return same_weights(FConvModel, model, args, task, "convs2s"), model.eval(), task
-
-
-def benchmark_models(args: argparse.Namespace) -> tuple[FConvModel, ConvS2SModel, Any, str]:
-    """fconv and convs2s with the same weights (``--random`` or ``--path``/``--data``), their
-    task (or a stand-in holding the dictionaries), and a description of where they come from."""
-    if args.random:
-        fconv, dictionary, model_args = random_fconv(8000, args.seed)
-        task = Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-        convs2s = same_weights(ConvS2SModel, fconv, model_args, task, "fconv")
-        return fconv, convs2s, task, f"random fconv_iwslt_de_en, {len(dictionary)} words"
-    fconv, convs2s, task = checkpoint_models(args.path, args.data)
-    return fconv, convs2s, task, f"{args.path} on {args.data}:{args.gen_subset}"
-
-
-def checkpoint_batches(task: Any, subset: str, n: int, batch_size: int) -> list[Batch]:
-    task.load_dataset(subset)
-    dataset = task.dataset(subset)
-    indices = list(range(min(n, len(dataset))))
-    return [
-        dataset.collater([dataset[i] for i in indices[start : start + batch_size]])
-        for start in range(0, len(indices), batch_size)
-    ]
-
-
-def same_weights(
-    model_class: type, source: torch.nn.Module, args: Namespace, task: Any, family: str
-) -> torch.nn.Module:
-    """A ``model_class`` (fconv or convs2s) with the weights of ``source``, a model of the other
-    one: same parameter names and shapes, so a strict load."""
-    other = "convs2s" if family == "fconv" else "fconv"
-    new_args = Namespace(**vars(args))
-    arch = str(args.arch).replace(family, other, 1)
-    new_args.arch = arch if arch in ARCH_CONFIG_REGISTRY else other
-    ARCH_CONFIG_REGISTRY[new_args.arch](new_args)
-    dictionaries = Namespace(
-        source_dictionary=task.source_dictionary, target_dictionary=task.target_dictionary
-    )
-    model = model_class.build_model(new_args, dictionaries)
-    model.load_state_dict(source.state_dict(), strict=True)
-    return model.eval()
-
-
-def prepare(model: torch.nn.Module, beam: int) -> torch.nn.Module:
-    """As fairseq-generate: BeamableMM for this beam, no attention kept, weight norm folded."""
-    cfg = Namespace(generation=Namespace(beam=beam, print_alignment=False, no_beamable_mm=False))
-    model.prepare_for_inference_(cfg)  # also puts it in eval mode for good
-    return model
-
-
-# ---------------------------------------------------------------------------------------------
 # timing
-
-# The CPU flags that decide which kernels run: float32 FMA width, int8 sums (VNNI, AMX),
-# bfloat16 and float16 products.
-KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
-                "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")  # fmt: skip
-
-
-def cpu_description() -> str:
-    """The CPU's model name and kernel flags (Linux's /proc/cpuinfo) and torch's CPU
-    capability: printed with every speed figure, which holds only for that CPU."""
-    model, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "unknown CPU":
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    present = " ".join(flag for flag in KERNEL_FLAGS if flag in flags) or "flags unknown"
-    capability = torch.backends.cpu.get_cpu_capability()
-    ours = native_library.built_for("products")
-    if ours != "off":
-        ours += f", int8 {native_library.built_for('int8_products')}"
-        ours += "" if instruction_sets.pinned() else ", each proven against torch's"
-    return f"CPU {model} ({present}), torch CPU capability {capability}, our kernels {ours}"
-
-
 
 class Timers:
     """Wall time spent inside wrapped methods, by category (and calls, by method)."""

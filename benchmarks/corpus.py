@@ -1,7 +1,7 @@
 """beamplugin-translate on a corpus: on one and on two Ray worker nodes, without Ray, and
 fairseq-interactive with fairseq's own generator on the same model and lines.
 
-    python scripts/bench_corpus.py --path CKPT.pt --data DATA-BIN --spm SPM.model \\
+    python -m benchmarks.corpus --path CKPT.pt --data DATA-BIN --spm SPM.model \\
         --corpus TRAIN.de --lines 6000 [--systems interactive local ray1 ray2 --rounds 1]
 
 Systems, each a process (or a driver process and its Ray workers) run from the start, in
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_generate import cpu_description
+from benchmarks.common import cpu_description
 
 BIN = Path(sys.executable).parent
 # Ray's switch for this machine's loopback address as a node's address (docs/cluster.md).

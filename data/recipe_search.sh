@@ -4,9 +4,9 @@
 # is, as a time budget does; the seconds per update, measured in the same run, tell what a time
 # budget buys (noisy on a shared machine).
 #
-#   bash scripts/recipe_search.sh OUT EPOCHS VARIANT...
+#   bash data/recipe_search.sh OUT EPOCHS VARIANT...
 #   VARIANT = NAME[:VAR=value,VAR=value...], VAR one of the recipe's scalars (configs/demo.conf)
-#   e.g. bash scripts/recipe_search.sh /tmp/search 4 base lr3:LR=0.003 v4k:SPM_VOCAB=4000
+#   e.g. bash data/recipe_search.sh /tmp/search 4 base lr3:LR=0.003 v4k:SPM_VOCAB=4000
 #
 # Each variant trains from scratch in OUT/NAME on the default corpus, prepared once per
 # sentencepiece vocabulary in OUT/prep-VOCAB; one line per variant is appended to

@@ -10,20 +10,15 @@ device engine, its steps replayed as CUDA graphs). Each decodes the same sentenc
 batches (``generate``) after a warm-up pass; rounds interleave the systems. Prints a markdown
 table and writes one JSON line a row (``--results``, the schema of benchmarks/results).
 
-    python scripts/bench_gpu_step.py --models base big --batch-sizes 1 64 --precision fp16
-    python scripts/bench_gpu_step.py --models tiny --batch-sizes 1 8 --device cpu  # smoke
+    python -m benchmarks.gpu_step --models base big --batch-sizes 1 64 --precision fp16
+    python -m benchmarks.gpu_step --models tiny --batch-sizes 1 8 --device cpu  # smoke
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +36,16 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 import beamplugin  # noqa: F401  (registers the task and model)
 from beamplugin import SequenceGenerator
 from beamplugin.models.convs2s import ConvS2SModel
+from benchmarks.common import (
+    add_results_option,
+    append_records,
+    command_line,
+    cpu_description,
+    machine,
+    record,
+    table_name,
+)
+from benchmarks.models import random_fconv, same_weights
 
 SHAPES = {  # architecture, words ("convs2s": the demo's convs2s_iwslt_de_en shape, 8k words)
     "convs2s": (None, 8000),
@@ -82,7 +87,6 @@ def build(name: str, seed: int = 1) -> tuple[TransformerModel, Dictionary]:
 def build_convs2s(beam: int) -> tuple[Any, Any, Dictionary]:
     """fairseq's fconv (prepared as fairseq-generate prepares it) and our convs2s with the same
     random weights of the demo's shape, sharpened so that outputs end at varied lengths."""
-    from bench_generate import random_fconv, same_weights  # noqa: PLC0415
 
     fconv, d, model_args = random_fconv(SHAPES["convs2s"][1], seed=1)
     task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
@@ -237,24 +241,6 @@ def _identical(a: list[dict], b: list[dict]) -> bool:
     )
 
 
-def describe() -> dict:
-    info = {"host_cpu": platform.processor() or platform.machine()}
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        info["host_cpu"] = next(x.split(":", 1)[1].strip() for x in lines if "model name" in x)
-    except (OSError, StopIteration):
-        pass
-    info["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=False).stdout.strip()  # fmt: skip
-    except OSError:
-        commit = ""
-    # a copied tree may carry a stale .git: BEAMPLUGIN_COMMIT names the commit that runs
-    info["commit"] = os.environ.get("BEAMPLUGIN_COMMIT") or commit or None
-    return info
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=["base", "big"])
@@ -268,16 +254,14 @@ def main() -> None:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--checks", action="store_true", help="bits and cuBLAS checks first")
-    parser.add_argument("--results", type=Path, help="append one JSON line a row here")
+    add_results_option(parser)
     parser.add_argument("--profile", type=Path,
                         help="write torch's profile of one batch of each system here")
     args = parser.parse_args()
-    info = describe()
-    shown = [a for a, before in zip(sys.argv[1:], ["", *sys.argv[1:]], strict=False)
-             if a not in ("--results", "--profile") and before not in ("--results", "--profile")]
-    command = "python scripts/bench_gpu_step.py " + " ".join(shown)
+    info = machine(args.device, torch.get_num_threads())
+    command = command_line(__spec__.name)
     print(f"# {info['device']} (host {info['host_cpu']}), torch {torch.__version__}, "
-          f"commit {info['commit']}", flush=True)  # fmt: skip
+          f"commit {info['commit']}; {cpu_description()}", flush=True)  # fmt: skip
     if args.checks:
         for row in row_invariance(args.device):
             print("cuBLAS/F.linear row 0 same bits with 5..640 rows:", row, flush=True)
@@ -330,32 +314,25 @@ def main() -> None:
                     sum(a == b for a, b in zip(reference, best[system], strict=True))
                     if reference else None
                 )  # fmt: skip
-                row = {
-                    "table": "gpu", "row": f"{name}-{args.precision}-b{batch}",
-                    "what": f"{_model_name(name)}, {args.precision}, batch {batch}",
-                    "system": {"graphs": "ours graphs", "device": "ours no graphs",
-                               "ours": "ours (other engine)"}.get(system, system),
-                    "model": _model_name(name), "precision": args.precision, "batch": batch,
-                    "sentences_per_s": count / seconds,
-                    "tokens_per_s": tokens[system] / seconds,
-                    "ms_per_step": ms, "gpu_ms_per_step": gpu_ms,
-                    "gpu_busy": None if gpu_ms is None else min(1.0, gpu_ms / ms),
-                    "gpu_ms_per_sentence": None if kernels is None else 1000 * kernels / batch,
-                    "peak_mib": None,
-                    "ratio": None if "fairseq" not in times else {
+                row = record(
+                    table=table_name(args.device), row=f"{name}-{args.precision}-b{batch}",
+                    what=f"{_model_name(name)}, {args.precision}, batch {batch}",
+                    system={"graphs": "ours graphs", "device": "ours no graphs",
+                            "ours": "ours (other engine)"}.get(system, system),
+                    model=_model_name(name), precision=args.precision, batch=batch,
+                    sentences_per_s=count / seconds, tokens_per_s=tokens[system] / seconds,
+                    ms_per_step=ms, gpu_ms_per_step=gpu_ms,
+                    gpu_busy=None if gpu_ms is None else min(1.0, gpu_ms / ms),
+                    gpu_ms_per_sentence=None if kernels is None else 1000 * kernels / batch,
+                    ratio=None if "fairseq" not in times else {
                         "against": "fairseq",
                         "value": statistics.median(times["fairseq"]) / seconds},
-                    "same_as_reference": None if same is None else f"{same}/{count}",
-                    "command": command, "commit": info["commit"],
-                    "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-                    "device": info["device"], "host_cpu": info["host_cpu"],
-                    "cpu_flags": None, "kernels": "CUDA",
-                }  # fmt: skip
+                    same_as_reference=None if same is None else f"{same}/{count}",
+                    command=command, **info,
+                )  # fmt: skip
                 rows.append(row)
                 print(_line(row), flush=True)
-                if args.results:
-                    with args.results.open("a") as f:
-                        f.write(json.dumps(row) + "\n")
+                append_records(args.results, [row])
     print()
     print("| model | batch | system | ms a step | tokens/s | x fairseq | GPU busy | as fairseq |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -16,8 +16,8 @@ order; medians are printed, with the CPU's flags, the ratio of the medians and t
 each round's ratio, and whether the sentences of the first target got the same hypotheses in
 both streams.
 
-    python scripts/bench_multilingual.py --sentences 128 --capacity 16 64 --repeats 5
-    python scripts/bench_multilingual.py DATA-BIN --path m2m.pt --fixed-dictionary \\
+    python -m benchmarks.multilingual --sentences 128 --capacity 16 64 --repeats 5
+    python -m benchmarks.multilingual DATA-BIN --path m2m.pt --fixed-dictionary \\
         model_dict.128k.txt --lang-pairs language_pairs_small_models.txt \\
         --encoder-langtok src --decoder-langtok -s en -t fr --targets fr de es
 """
@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_generate import cpu_description
 from fairseq import checkpoint_utils, options, tasks
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -42,6 +41,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 import beamplugin  # noqa: F401  (registers the tasks, safe checkpoint loading)
 from beamplugin.engine import DecodingEngine
 from beamplugin.streams import IteratorSource, run, sentence_request
+from benchmarks.common import cpu_description
 
 LANGUAGES = ["de", "en", "fr", "es"]
 

@@ -4,7 +4,7 @@
 # multiply-adds whose operand or result lives on the stack: in an inner loop each one is a
 # spilled accumulator (the kernel then runs at a fraction of the CPU's speed). It also shows
 # GCC's -Wpsabi warning, which appears when a vector type is wider than the level's registers.
-# Usage: scripts/isa_check.sh [PROJECT_ROOT], or make isa-check (a line per kernel and level; exits 0)
+# Usage: benchmarks/isa_check.sh [PROJECT_ROOT], or make isa-check (a line per kernel and level; exits 0)
 root=${1:-.}
 src=$(find "$root/beamplugin" -path '*/native/*.c' 2>/dev/null | sort)
 [ -n "$src" ] || exit 0

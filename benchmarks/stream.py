@@ -22,9 +22,9 @@ round's ratio: the machine's speed drifts by several percent over minutes, and a
 systems run within a minute of each other), and whether every sentence's best hypothesis is the
 same as continuous's.
 
-    python scripts/bench_stream.py --path data/work/checkpoints/checkpoint_last.pt \\
+    python -m benchmarks.stream --path data/work/checkpoints/checkpoint_last.pt \\
         --data data/work/bin --sentences 1000 --capacities 16 64
-    python scripts/bench_stream.py --path CKPT --data DATA-BIN --precision int8   # or bf16
+    python -m benchmarks.stream --path CKPT --data DATA-BIN --precision int8   # or bf16
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from bench_generate import cpu_description
 from fairseq import checkpoint_utils
 from fairseq.data import data_utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
@@ -47,6 +46,7 @@ import beamplugin  # noqa: F401  (registers the task and model, safe checkpoint 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.streams import translate
+from benchmarks.common import cpu_description
 
 Hypotheses = list[dict]
 

@@ -1,6 +1,6 @@
 """Throughput and latency of beamplugin-serve against offline decoding, measured side by side.
 
-    python scripts/bench_server.py --path CKPT.pt --data DATA-BIN --spm SPM.model \\
+    python -m benchmarks.server --path CKPT.pt --data DATA-BIN --spm SPM.model \\
         --sentences TEST.de [--max-sentences 256 --clients 32 --rounds 3]
 
 Systems, in interleaved rounds on the same sentences (beam 5 unless --beam), ratios per round
@@ -41,12 +41,12 @@ from typing import NamedTuple
 
 import aiohttp
 import torch
-from bench_generate import cpu_description
 from fairseq import options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from beamplugin.serving.translator import Translator
 from beamplugin.streams import translate
+from benchmarks.common import cpu_description
 
 BIN = Path(sys.executable).parent
 

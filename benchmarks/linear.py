@@ -6,7 +6,7 @@ Backs the choice in beamplugin/modules/linear.py. Runs interleaved rounds and pr
 microseconds per product and the ratio; "cold" first streams 64 MiB through the caches, as a
 decoder step does between two uses of the same weight.
 
-    python scripts/bench_linear.py --threads 2
+    python -m benchmarks.linear --threads 2
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from bench_generate import cpu_description
 
 from beamplugin.kernels import float_products
 from beamplugin.modules import linear as linear_module
+from benchmarks.common import cpu_description
 
 # (out, in) features: vocabulary projections, a convs2s convolution, a transformer's attention
 # and feed-forward products

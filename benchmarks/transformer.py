@@ -53,7 +53,7 @@ Each worker inherits the environment: ``BEAMPLUGIN_ISA=avx2`` pins our AVX2 kern
 ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2`` holds torch's (fairseq's) to AVX2 and
 ``CT2_FORCE_CPU_ISA=AVX2`` CTranslate2's, as on a CPU without AVX-512.
 
-    python scripts/bench_transformer.py --path CHECKPOINT --data DATA_BIN \\
+    python -m benchmarks.transformer --path CHECKPOINT --data DATA_BIN \\
         --sentences 256 --batch-sizes 1 64 --threads 1 2
 """
 
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -70,6 +69,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import cpu_description, in_own_process, peak_resident_mib
 
 BEAM, MAX_LEN_B = 5, 200
 SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ours torch kernels", "ct2 float32",
@@ -96,7 +97,7 @@ def test_set_options(parser: argparse.ArgumentParser) -> None:
 
 
 def timing_options(parser: argparse.ArgumentParser, max_len_b: int) -> None:
-    """The options of :func:`measure` beyond the test set: shared with bench_model_sizes.py,
+    """The options of :func:`measure` beyond the test set: shared with model_sizes.py,
     whose random models decode to ``--max-len-b`` (its default differs from ours)."""
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
@@ -165,20 +166,6 @@ def worker(args: argparse.Namespace) -> None:
                       "peak_rss_mib": peak_resident_mib()}))
 
 
-def peak_resident_mib() -> float | None:
-    """This process's peak resident memory in MiB: Linux's VmHWM, None where there is none.
-    Not ``getrusage``'s ``ru_maxrss``: that survives exec, so a worker would report at least
-    the resident memory its parent had when it started it (the parent holds torch and fairseq)."""
-    try:
-        with open("/proc/self/status", encoding="utf-8") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return None
-
-
 def ct2_decoder(job: dict[str, Any], kind: str, threads: int) -> tuple[Any, float]:
     """CTranslate2's decode of the job's sentences (``kind``: "float32" or "int8", then "vmap"
     for its shortlist), and the seconds its model took to load."""
@@ -218,7 +205,6 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
 
     # isort: split
     import torch
-    from bench_generate import checkpoint_models, prepare
     from fairseq import checkpoint_utils
     from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
@@ -226,6 +212,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
     from beamplugin.fairseq_plugin.precision import cast_for_decoding
     from beamplugin.search.vocabulary_map import VocabularyMap
     from beamplugin.streams.translate import translate
+    from benchmarks.models import checkpoint_models, prepare
 
     torch.set_num_threads(job["threads"])
     started = time.perf_counter()
@@ -293,9 +280,8 @@ def main() -> None:
 def measure(path: str, data: str, options: argparse.Namespace) -> None:
     """Time every system on checkpoint ``path`` (data directory ``data``) and print a table per
     thread count and batch size. ``options`` holds those of :func:`test_set_options` and
-    :func:`timing_options` (bench_model_sizes.py calls this on the models it builds)."""
+    :func:`timing_options` (model_sizes.py calls this on the models it builds)."""
     import torch
-    from bench_generate import cpu_description
     from fairseq import checkpoint_utils
 
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
@@ -386,15 +372,12 @@ def convolutional(model: Any) -> bool:
 
 def run_worker(path: str, data: str, name: str, job: Path) -> dict[str, Any]:
     """One timed decode by system ``name`` in a process of its own: :func:`worker`'s JSON."""
-    command = [sys.executable, __file__, "--path", path, "--data", data,
-               "--worker", name, "--job", str(job)]
-    env = {**os.environ, "BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
+    env = {"BEAMPLUGIN_ISA": "off"} if name == "ours torch kernels" else None
     if name == "fairseq":  # fairseq's own loading (a copy of the checkpoint), as without us
-        env = {**os.environ, "BEAMPLUGIN_MMAP": "0"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        env = {"BEAMPLUGIN_MMAP": "0"}
+    lines = in_own_process(__spec__.name, "--path", path, "--data", data, "--worker", name,
+                   "--job", str(job), env=env)  # fmt: skip
+    return json.loads(lines[-1])
 
 
 def report(threads: int, batch: int, count: int, runs: dict[str, list[dict[str, Any]]],

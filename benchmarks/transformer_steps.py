@@ -10,7 +10,7 @@ step costs against CTranslate2.
    and by CTranslate2 float32: the difference over 40 steps is a step's cost, the rest the
    sentence's fixed cost.
 
-    python scripts/bench_transformer_steps.py --path CHECKPOINT --data DATA_BIN \\
+    python -m benchmarks.transformer_steps --path CHECKPOINT --data DATA_BIN \\
         --batch-sizes 1 64 --threads 1
 """
 
@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_generate import cpu_description
-from bench_transformer import checkpoint_parser, ct2_model
 from fairseq import checkpoint_utils
 
 import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 from beamplugin import SequenceGenerator
 from beamplugin.kernels.transformer_layers import DecoderStep
 from beamplugin.models import mixed_step_transformer
+from benchmarks.common import cpu_description
+from benchmarks.transformer import checkpoint_parser, ct2_model
 
 BEAM = 5
 

@@ -1,7 +1,7 @@
 """A soak of beamplugin-serve: tens of thousands of sentences from concurrent clients, some of
 which go away mid-request; is memory flat, latency steady, and every answer right?
 
-    python scripts/soak_server.py --path CKPT.pt --data DATA-BIN --spm SPM.model \\
+    python -m benchmarks.soak_server --path CKPT.pt --data DATA-BIN --spm SPM.model \\
         --sentences TEST.de [--total 20000 --clients 32 --abandon 0.05 --time-limit 1800]
 
 The server runs on 127.0.0.1 as a subprocess (decoding in its own process, as deployed) and is

@@ -6,13 +6,13 @@ kernels and the path torch takes without it at a model's shapes: float32 product
 its packed weight), int8 products (``torch._int_mm`` and the scaling), a decoder step's two
 attentions (batched products and softmax), a beam step's candidates (add and topk), layer norms.
 Prints microseconds a call (the fastest round), ours against torch's, GFLOPS (GOPS for int8),
-and the share of the set's multiply-add peak of one core, measured by ``scripts/fma_peak.c``
+and the share of the set's multiply-add peak of one core, measured by ``benchmarks/fma_peak.c``
 built for the set (independent chains of fused multiply-adds on its vectors). In the AVX2
 process torch's kernels are held to AVX2 too (``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY``),
 as on a CPU without AVX-512.
 
-    python scripts/bench_kernels.py --threads 1
-    python scripts/bench_kernels.py --sets avx2 --threads 1 --kernels products
+    python -m benchmarks.kernels --threads 1
+    python -m benchmarks.kernels --sets avx2 --threads 1 --kernels products
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_generate import cpu_description
 
 from beamplugin.kernels import (
     candidates,
@@ -41,6 +39,7 @@ from beamplugin.kernels import (
     native_library,
 )
 from beamplugin.modules import linear
+from benchmarks.common import cpu_description, fastest, in_own_process
 
 # (out, in) of a 3+3 x 256 transformer's products and its 3952-word output projection, and of
 # a base transformer's (512 wide, feed-forward 2048, 32k vocabulary)
@@ -53,23 +52,8 @@ KERNELS = ["products", "int8", "attention", "candidates", "norm"]
 TORCH_CAPPED = {"avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}}
 
 
-def fastest(run: Callable[[], object], seconds: float = 0.004, rounds: int = 7) -> float:
-    """Microseconds a call: the fastest of ``rounds`` rounds of about ``seconds`` each."""
-    run()
-    start = time.perf_counter()
-    run()
-    calls = max(1, int(seconds / max(time.perf_counter() - start, 1e-7)))
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            run()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best * 1e6
-
-
 def peak_gflops(isa: instruction_sets.InstructionSet) -> float:
-    """One core's multiply-add peak on ``isa``: scripts/fma_peak.c built for it, the best of
+    """One core's multiply-add peak on ``isa``: benchmarks/fma_peak.c built for it, the best of
     nine runs (this machine is shared: other work only ever slows a run)."""
     library = native_library.cache_folder() / f"fma_peak-{isa.name}.so"
     compiler = os.environ.get("CC", "cc")
@@ -178,7 +162,7 @@ def print_table(results: list[dict], threads: int) -> None:
     print(f"# torch {torch.__version__}, {threads} thread(s), {cpu_description()}")
     for result in results:
         print(f"# {result['set']}: our kernels {result['variant']}; torch's {result['torch']}; "
-              f"one core's multiply-add peak {result['peak']:.1f} GFLOPS (scripts/fma_peak.c)")
+              f"one core's multiply-add peak {result['peak']:.1f} GFLOPS (benchmarks/fma_peak.c)")
     print(f"{'kernel':<11}{'shape':>11}{'rows':>6}  {'set':<8}{'ours us':>10}{'torch us':>10}"
           f"{'x torch':>9}{'GFLOPS':>9}{'% peak':>8}")  # fmt: skip
     by_key: dict[tuple, list[tuple[dict, dict]]] = {}
@@ -212,10 +196,9 @@ def main() -> None:
         return
     results = []
     for name in args.sets:
-        env = {**os.environ, instruction_sets.CHOICE: name, **TORCH_CAPPED.get(name, {})}
-        done = subprocess.run([sys.executable, __file__, "--json", *sys.argv[1:]], env=env,
-                              capture_output=True, text=True, check=True)  # fmt: skip
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        env = {instruction_sets.CHOICE: name, **TORCH_CAPPED.get(name, {})}
+        lines = in_own_process(__spec__.name, "--json", *sys.argv[1:], env=env)
+        results.append(json.loads(lines[-1]))
     print_table(results, args.threads)
 
 

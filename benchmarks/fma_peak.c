@@ -1,6 +1,6 @@
 /* A core's multiply-add peak on one instruction set (beamplugin/kernels/native/isa.h, picked by
  * the build's flags as our kernels' are): 12 independent chains of fused multiply-adds on the
- * set's vectors, enough to cover the latency of two pipes. scripts/bench_kernels.py builds it
+ * set's vectors, enough to cover the latency of two pipes. benchmarks/kernels.py builds it
  * per set and divides our kernels' rates by it. */
 #include <stdint.h>
 

@@ -23,10 +23,10 @@ linear (one scale for all rows: what --int8 used before, not batch invariant), a
 ``torch._weight_int8pack_mm`` (int8 weights, bfloat16 or float32 activations), as ratios to
 float32.
 
-    python scripts/bench_precision.py --path CKPT.pt --data DATA-BIN --ref test.en \\
+    python -m benchmarks.precision --path CKPT.pt --data DATA-BIN --ref test.en \\
         --batch-sizes 1 64 --max-sentences 128
-    python scripts/bench_precision.py --random     # fconv_iwslt_de_en shape, 8k vocabulary
-    python scripts/bench_precision.py --products --threads 2
+    python -m benchmarks.precision --random     # fconv_iwslt_de_en shape, 8k vocabulary
+    python -m benchmarks.precision --products --threads 2
 """
 
 from __future__ import annotations
@@ -43,20 +43,15 @@ from functools import partial
 import sacrebleu
 import torch
 import torch.nn.functional as F
-from bench_generate import (
-    benchmark_models,
-    checkpoint_batches,
-    cpu_description,
-    prepare,
-    random_batches,
-    run,
-)
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding, native_on_cpu
 from beamplugin.modules import linear as linear_module
+from benchmarks.common import cpu_description
+from benchmarks.generate import run
+from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 
 def parse_args() -> Namespace:

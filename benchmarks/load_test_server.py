@@ -1,7 +1,7 @@
 """Load test of a running beamplugin-serve: many concurrent clients, nothing lost, duplicated or
 mismatched, and every kind of bad input answered with its status.
 
-    python scripts/load_test_server.py --url http://127.0.0.1:8080 --sentences FILE \\
+    python -m benchmarks.load_test_server --url http://127.0.0.1:8080 --sentences FILE \\
         --clients 32 --requests 200
 
 1. Each distinct sentence of FILE (one a line) is translated alone, one request at a time: the

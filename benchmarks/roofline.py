@@ -16,8 +16,8 @@ is shown by a separate instrumented pass: the products inside the decode (the at
 its softmax), the forwards' other work (embeddings, GLU, residuals), the state reorders and the
 search's bookkeeping.
 
-    python scripts/bench_roofline.py --random --batch-sizes 1 64
-    python scripts/bench_roofline.py --path CKPT.pt --data DATA-BIN --precision int8
+    python -m benchmarks.roofline --random --batch-sizes 1 64
+    python -m benchmarks.roofline --path CKPT.pt --data DATA-BIN --precision int8
 """
 
 from __future__ import annotations
@@ -32,22 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from bench_generate import (
-    Timers,
-    benchmark_models,
-    checkpoint_batches,
-    cpu_description,
-    instrument,
-    prepare,
-    random_batches,
-    replace,
-    run,
-)
 
 import beamplugin.modules.attention as attention_module
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.modules.linear import InferenceCache
+from benchmarks.common import cpu_description
+from benchmarks.generate import Timers, instrument, replace, run
+from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 PARTS = ["vocabulary", "decoder convolutions", "attention", "projections", "encoder"]
 
