@@ -16,26 +16,21 @@ constraints on one sentence in five. Each row is the median of ``--repeats`` int
 after a warm-up; ours are checked to give fairseq's best hypotheses. Prints a markdown table with
 the CPU and kernels; ``--results FILE`` appends one JSON line a row.
 
-    python benchmarks/constraints.py --threads 1 --results benchmarks/results/cpu-avx512.jsonl
+    python -m benchmarks.constraints --threads 1 --results benchmarks/results/cpu-avx512.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import functools
 import random
 import statistics
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from fairseq import search
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY
-from fairseq.models.fconv import FConvModel
 from fairseq.models.transformer import TransformerModel
 from fairseq.models.transformer import base_architecture as transformer_base
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
@@ -44,9 +39,18 @@ from fairseq.token_generation_constraints import pack_constraints
 import beamplugin  # noqa: F401  (registers convs2s)
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
-from beamplugin.kernels import native_library
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.streams import IteratorSource, run, sentence_request
+from benchmarks.common import (
+    add_results_option,
+    append_records,
+    command_line,
+    cpu_description,
+    machine,
+    record,
+    table_name,
+)
+from benchmarks.models import random_fconv, same_weights
 
 WORDS, BEAM = 8000, 5
 REPRESENTATIONS = ("ordered", "unordered")
@@ -65,23 +69,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-len-b", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--results", type=Path, help="append one JSON line a row here")
+    add_results_option(parser)
     return parser.parse_args()
 
 
-def dictionary() -> Dictionary:
-    d = Dictionary()
-    for index in range(WORDS - d.nspecial):
-        d.add_symbol(f"w{index}")
-    d.finalize(padding_factor=8)
-    return d
-
-
-def build(name: str, d: Dictionary) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """fairseq's model and ours, with the same random weights."""
+def build(name: str) -> tuple[torch.nn.Module, torch.nn.Module, Dictionary]:
+    """fairseq's model and ours, with the same random weights, and their dictionary."""
+    fconv, d, args = random_fconv(WORDS, seed=1)
     task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
-    torch.manual_seed(1)
     if name == "transformer":
+        torch.manual_seed(1)
         args = argparse.Namespace(
             encoder_layers=3, decoder_layers=3, encoder_embed_dim=256, decoder_embed_dim=256,
             encoder_ffn_embed_dim=1024, decoder_ffn_embed_dim=1024, encoder_attention_heads=4,
@@ -92,22 +89,10 @@ def build(name: str, d: Dictionary) -> tuple[torch.nn.Module, torch.nn.Module]:
         model = TransformerModel.build_model(args, task).eval()
         with torch.no_grad():  # sharpened, so that outputs end at varied lengths
             model.decoder.output_projection.weight.mul_(4)
-        return model, model
-    args = argparse.Namespace(max_source_positions=1024, max_target_positions=1024,
-                              arch="fconv_iwslt_de_en")  # fmt: skip
-    ARCH_CONFIG_REGISTRY["fconv_iwslt_de_en"](args)
-    fconv = FConvModel.build_model(args, task)
-    with torch.no_grad():
-        fconv.decoder.fc3.weight_g.mul_(10)
-        fconv.decoder.fc3.bias[d.eos()] += 4.5
-    fconv.eval()
-    ours_args = argparse.Namespace(**vars(args))
-    ours_args.arch = "convs2s_iwslt_de_en"
-    ARCH_CONFIG_REGISTRY[ours_args.arch](ours_args)
-    convs2s = ConvS2SModel.build_model(ours_args, task)
-    convs2s.load_state_dict(fconv.state_dict(), strict=True)
+        return model, model, d
+    convs2s = same_weights(ConvS2SModel, fconv, args, task, "fconv")
     fconv.make_generation_fast_(beamable_mm_beam_size=BEAM)
-    return fconv, convs2s.eval()
+    return fconv, convs2s, d
 
 
 def workload(d: Dictionary, count: int, seed: int) -> list[tuple[torch.Tensor, list[list[int]]]]:
@@ -164,38 +149,24 @@ def stream(gen: SequenceGenerator, items: list, in_flight: int, constrained: boo
     return seconds, best, sum(len(b) for b in best)
 
 
-def describe(threads: int) -> dict:
-    flags = set()
-    model = platform.processor()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            model = value.strip()
-        elif key.strip() == "flags":
-            flags = set(value.split())
-    shown = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16")
-    kernels = native_library.built_for("products")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()  # fmt: skip
-    return {
-        "device": f"{model}, {threads} thread{'s' if threads > 1 else ''}",
-        "host_cpu": model,
-        "cpu_flags": " ".join(f for f in shown if f in flags),
-        "kernels": kernels,
-        "commit": commit or None,
-    }
+def _same(best: list[list[int]], reference: list[list[int]], stream: bool) -> bool:
+    """Whether the best hypotheses are the reference's (in a stream: those of the sentences
+    without constraints)."""
+    if stream:
+        unconstrained = [i for i in range(len(best)) if i % CONSTRAINED_SHARE]
+        return [best[i] for i in unconstrained] == [reference[i] for i in unconstrained]
+    return best == reference
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    machine = describe(args.threads)
-    print(f"# {machine['device']} ({machine['cpu_flags']}), our kernels {machine['kernels']}")
-    d = dictionary()
+    where = machine(threads=args.threads)
+    print(f"# {cpu_description()}, {args.threads} thread(s)")
     options = dict(beam_size=BEAM, max_len_a=0, max_len_b=args.max_len_b)
     rows: list[dict] = []
     for name in args.models:
-        theirs, ours = build(name, d)
+        theirs, ours, d = build(name)
         cases: dict[str, tuple] = {}
         for representation in REPRESENTATIONS:
             for size in args.batch_sizes:
@@ -206,13 +177,13 @@ def main() -> None:
                     strategy = search.LexicallyConstrainedBeamSearch(d, representation)
                     make = FairseqGenerator if system == "fairseq" else SequenceGenerator
                     gen = make([model], d, search_strategy=strategy, **options)
-                    job = (lambda g=gen, m=model, b=batches: generate(g, m, b))  # noqa: E731
+                    job = functools.partial(generate, gen, model, batches)
                     cases[f"{representation} batch {size}/{system}"] = (job, size, system)
         items = workload(d, args.stream_sentences, seed=99)
-        for kind in ("none", "1 in 5"):
-            strategy = search.LexicallyConstrainedBeamSearch(d, "ordered")
-            gen = SequenceGenerator([ours], d, search_strategy=strategy, **options)
-            job = (lambda g=gen, k=kind: stream(g, items, args.stream_in_flight, k != "none"))  # noqa: E731
+        for kind in ("none", "1 in 5"):  # the reference: our plain search
+            constrained = {"search_strategy": search.LexicallyConstrainedBeamSearch(d, "ordered")}
+            gen = SequenceGenerator([ours], d, **options, **({} if kind == "none" else constrained))
+            job = functools.partial(stream, gen, items, args.stream_in_flight, kind != "none")
             cases[f"stream {args.stream_in_flight} in flight/constraints {kind}"] = (
                 job, args.stream_in_flight, f"constraints {kind}")  # fmt: skip
         times: dict[str, list[float]] = {key: [] for key in cases}
@@ -229,33 +200,24 @@ def main() -> None:
             seconds = statistics.median(times[key])
             tokens = outputs[key][1]
             ratio = statistics.median(times[reference]) / seconds
-            rows.append({
-                "table": "cpu-avx512" if "avx512" in machine["kernels"] else "cpu-avx2",
-                "row": f"constraints-{name}-{comparison.replace(' ', '-')}",
-                "what": f"lexical constraints, {comparison}, beam {BEAM}, 1-3 constraints a "
-                        f"sentence" + (", 1 sentence in 5 constrained" if "stream" in key else ""),
-                "system": system, "model": f"{name} (random, 8k words)", "precision": "float32",
-                "batch": size, "sentences_per_s": None, "tokens_per_s": round(tokens / seconds, 1),
-                "ms_per_step": None, "peak_mib": None,
-                "ratio": {"against": reference.split("/")[1], "value": round(ratio, 2)},
-                "same_as_reference": outputs[key][0] == outputs[reference][0]
-                if "stream" not in key else None,
-                "command": "python benchmarks/constraints.py --threads "
-                           f"{args.threads}", "date": time.strftime("%Y-%m-%d %H:%M"),
-                "cpu_flags": machine["cpu_flags"], "kernels": machine["kernels"],
-                "device": machine["device"], "host_cpu": machine["host_cpu"],
-                "commit": machine["commit"],
-            })  # fmt: skip
-    print("| model | comparison | system | tokens/s | ratio | same best as fairseq |")
+            rows.append(record(
+                table=table_name(),
+                row=f"constraints-{name}-{comparison.replace(' ', '-')}",
+                what=f"lexical constraints, {comparison}, beam {BEAM}, 1-3 constraints a sentence"
+                + (", 1 sentence in 5 constrained" if "stream" in key else ""),
+                system=system, model=f"{name} (random, 8k words)", precision="float32",
+                batch=size, tokens_per_s=round(tokens / seconds, 1),
+                ratio={"against": reference.split("/")[1], "value": round(ratio, 2)},
+                same_as_reference=_same(outputs[key][0], outputs[reference][0], "stream" in key),
+                command=command_line(__name__), **where,
+            ))  # fmt: skip
+    print("| model | comparison | system | tokens/s | ratio | same best as reference |")
     print("| --- | --- | --- | --- | --- | --- |")
     for row in rows:
         print(f"| {row['model']} | {row['what'].split(',')[1].strip()} | {row['system']} | "
               f"{row['tokens_per_s']} | x{row['ratio']['value']} vs {row['ratio']['against']} | "
               f"{row['same_as_reference']} |")  # fmt: skip
-    if args.results:
-        with args.results.open("a") as out:
-            for row in rows:
-                out.write(json.dumps(row) + "\n")
+    append_records(args.results, rows)
 
 
 if __name__ == "__main__":
