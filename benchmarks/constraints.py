@@ -66,7 +66,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sentences", type=int, default=64, help="timed at batch sizes > 1")
     parser.add_argument("--stream-sentences", type=int, default=160)
     parser.add_argument("--stream-in-flight", type=int, default=64)
-    parser.add_argument("--max-len-b", type=int, default=60)
+    parser.add_argument("--max-len-b", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
     parser.add_argument("--threads", type=int, default=1)
     add_results_option(parser)
