@@ -258,20 +258,13 @@ def _striped(
     score), strike duplicates, sort by stripes; then beam_step's choice. Per sentence: its ``k``
     candidates (positions in its lists), which of the first ``beam`` end in EOS, the next
     beam (positions among the ``k``), and the next beam's states."""
-    # the sort by bank and score, on the sentences of each candidate count together
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for row, candidates in enumerate(lists):
-        by_length[len(candidates.tokens)].append(row)
-    first_order: list[list[int]] = [[] for _ in lists]
-    for length, rows in by_length.items():
-        index = torch.tensor(rows, device=scores.device)
-        banks = torch.tensor([b for r in rows for b in lists[r].banks], device=scores.device)
-        weights = torch.tensor([group[r].progress.states.sort_tokens for r in rows],
-                               device=scores.device)  # fmt: skip
-        banks, weights = banks.view(len(rows), length), weights.view(-1, 1)
-        keys = (weights - banks) * MAX_SCORE + scores[index, :length]
-        for r, order in zip(rows, keys.sort(dim=1, descending=True).indices.tolist(), strict=True):
-            first_order[r] = order
+    # the sort by bank and score: fairseq's float32 keys, all sentences' at once
+    count, width = scores.shape
+    banks = torch.tensor([b for c in lists for b in c.banks + [0] * (width - len(c.banks))],
+                         device=scores.device).view(count, width)  # fmt: skip
+    weights = torch.tensor([[s.progress.states.sort_tokens] for s in group], device=scores.device)
+    keys = (weights - banks) * MAX_SCORE + scores
+    first_order = _sorted(keys, [len(c.tokens) for c in lists], descending=True)
     # duplicates struck (fairseq compares the first with the last too, and then keeps the
     # first's state in its list of states all the same), then stripes: the best of each bank
     # (highest first), then the second of each, ...
@@ -282,7 +275,7 @@ def _striped(
         unique = [pairs[i] != pairs[i - 1] for i in range(len(pairs))]
         kept = [j for j, keep in zip(order, unique, strict=True) if keep]
         state_lists.append(kept if unique[0] else [order[0], *kept])
-        weight, count = group[row].progress.states.sort_tokens, len(kept)
+        weight, kept_count = group[row].progress.states.sort_tokens, len(kept)
         stripes, rank, current = [], -1, None
         banks = candidates.banks
         for j in kept:
@@ -293,17 +286,13 @@ def _striped(
                 rank, current = 0, bank
             else:
                 rank += 1
-            stripes.append(weight - bank + rank * (count + 1))
+            stripes.append(weight - bank + rank * (kept_count + 1))
         kept_lists.append(kept)
         stripe_lists.append(stripes)
-    by_length = defaultdict(list)
-    for row, stripes in enumerate(stripe_lists):
-        by_length[len(stripes)].append(row)
-    stripe_order: list[list[int]] = [[] for _ in lists]
-    for rows in by_length.values():
-        stripes = torch.tensor([x for r in rows for x in stripe_lists[r]]).view(len(rows), -1)
-        for r, order in zip(rows, stripes.sort(dim=1).indices.tolist(), strict=True):
-            stripe_order[r] = order
+    longest = max(len(stripes) for stripes in stripe_lists)
+    stripes = torch.tensor([x for row in stripe_lists for x in row + [0] * (longest - len(row))])
+    stripe_order = _sorted(stripes.view(count, longest), [len(row) for row in stripe_lists],
+                           descending=False)  # fmt: skip
     # as beam_step: an EOS with a finite score ends; the first beam others go on
     picked, ending, alive, next_states = [], [], [], []
     score_rows = scores.tolist()
@@ -317,3 +306,27 @@ def _striped(
         alive.append(goes_on[:beam])
         next_states.append([candidates.states[state_list[order[i]]] for i in goes_on[:beam]])
     return picked, ending, alive, next_states
+
+
+def _sorted(keys: Tensor, lengths: list[int], descending: bool) -> list[list[int]]:
+    """The order ``torch.sort`` gives each row's first ``lengths[row]`` keys, as fairseq sorts
+    each sentence's list alone. Where a row's keys all differ the order is theirs, whatever sorts
+    them (Python here, cheaper than a tensor operation); rows with equal keys (or NaN) are
+    sorted by torch.sort, those of one length together: its order among equal keys depends
+    on the length alone, not on the rows beside."""
+    rows = keys.tolist()
+    orders: list[list[int]] = []
+    tied: dict[int, list[int]] = defaultdict(list)
+    for row, (values, length) in enumerate(zip(rows, lengths, strict=True)):
+        values = values[:length]
+        if len(set(values)) == length and all(v == v for v in values):
+            orders.append(sorted(range(length), key=values.__getitem__, reverse=descending))
+        else:
+            orders.append([])
+            tied[length].append(row)
+    for length, same in tied.items():
+        index = torch.tensor(same, device=keys.device)
+        order = keys[index, :length].sort(dim=1, descending=descending).indices.tolist()
+        for row, one in zip(same, order, strict=True):
+            orders[row] = one
+    return orders
