@@ -105,35 +105,37 @@ def constrained_step(
         scores, lists = _candidates(group, k, eos)
         columns["nan"].append(scores.isnan().any(1))
         picked, ending, order, states = _striped(group, scores, lists, k, beam, eos)
-        device = scores.device
-        cand_scores = scores.gather(1, torch.tensor(picked, device=device))
-        cand_tokens = torch.tensor(
-            [c.tokens[j] for c, row in zip(lists, picked, strict=True) for j in row],
-            device=device,
-        ).view(len(group), -1)
-        cand_beams = torch.tensor(
-            [c.beams[j] for c, row in zip(lists, picked, strict=True) for j in row],
-            device=device,
-        ).view(len(group), -1)
-        alive = torch.tensor(order, device=device)
+        # every integer column of the group in one tensor: candidates' positions, tokens and
+        # hypotheses (k each), then the next beam's positions, tokens, hypotheses and which
+        # of the first beam end (beam each)
+        table = []
+        for c, chosen, ends, alive in zip(lists, picked, ending, order, strict=True):
+            goes_on = [chosen[i] for i in alive]
+            table += chosen + [c.tokens[j] for j in chosen] + [c.beams[j] for j in chosen]
+            table += goes_on + [c.tokens[j] for j in goes_on] + [c.beams[j] for j in goes_on]
+            table += ends
+        table = torch.tensor(table, device=scores.device).view(len(group), -1)
+        cand_positions, cand_tokens, cand_beams, alive_positions, alive_tokens, alive_beams, \
+            finalize = table.split([k, k, k, beam, beam, beam, beam], dim=1)  # fmt: skip
         for name, value in zip(
             BeamStep._fields[:-1],
-            (cand_scores, cand_tokens, cand_beams, torch.tensor(ending, device=device),
-             cand_beams.gather(1, alive), cand_tokens.gather(1, alive),
-             cand_scores.gather(1, alive)),
+            (scores.gather(1, cand_positions), cand_tokens, cand_beams, finalize.bool(),
+             alive_beams, alive_tokens, scores.gather(1, alive_positions)),
             strict=True,
         ):  # fmt: skip
             columns[name].append(value)
         progress += [Progress(s.progress.states, own) for s, own in zip(group, states, strict=True)]
     ordered = [s for group in groups for s in group]
     index = torch.tensor([s.index for s in ordered], device=res.cand_scores.device)
+    joined = {name: parts[0] if len(parts) == 1 else torch.cat(parts)
+              for name, parts in columns.items()}  # fmt: skip
     replaced = {
-        name: getattr(res, name).index_copy(0, index, torch.cat(parts).to(getattr(res, name).dtype))
-        for name, parts in columns.items()
+        name: getattr(res, name).index_copy(0, index, value.to(getattr(res, name).dtype))
+        for name, value in joined.items()
         if name != "nan"
     }
     # a NaN log-prob (ranked first by torch.topk): the caller makes them -inf and steps again
-    nan = torch.cat(columns.pop("nan")).view(-1, 1)
+    nan = joined["nan"].view(-1, 1)
     if res.first_nan is not None or bool(nan.any()):
         first_nan = res.first_nan if res.first_nan is not None else nan.new_zeros(
             res.cand_scores.size(0), 1)  # fmt: skip
@@ -196,8 +198,10 @@ def _listed(
         beams = torch.cat((beams, torch.arange(hypotheses, device=beams.device).expand(count, -1)),
                           dim=1)  # fmt: skip
     lists = []
-    rows, columns, next_beams, next_tokens = [], [], [], []
     width = scores.size(1)
+    # the next constraint tokens: where they go in the padded scores, where their log-probs
+    # are, and their hypotheses' scores (flat positions, for one take and one copy each)
+    rows, columns, sources, hypothesis_rows = [], [], [], []
     for row, (sentence, row_beams, row_tokens) in enumerate(
         zip(group, beams.tolist(), tokens.tolist(), strict=True)
     ):
@@ -205,11 +209,11 @@ def _listed(
         for hypothesis, state in enumerate(hypothesis_states):
             for token in states.next_tokens[state]:
                 rows.append(row)
-                next_beams.append(hypothesis)
-                next_tokens.append(token)
+                columns.append(len(row_beams))
+                hypothesis_rows.append(row * hypotheses + hypothesis)
+                sources.append((row * hypotheses + hypothesis) * vocab + token)
                 row_beams.append(hypothesis)
                 row_tokens.append(token)
-        columns += range(width, len(row_beams))
         advance, bank = states.advance, states.bank
         reached = [
             advance(hypothesis_states[b], t) for b, t in zip(row_beams, row_tokens, strict=True)
@@ -219,12 +223,14 @@ def _listed(
         longest = max(columns) + 1
         padded = scores.new_full((count, longest), -math.inf)
         padded[:, :width] = scores
-        device = scores.device
-        where = (torch.tensor(rows, device=device), torch.tensor(columns, device=device))
-        hypothesis = torch.tensor(next_beams, device=device)
-        padded[where] = lprobs[where[0], hypothesis, torch.tensor(next_tokens, device=device)]
+        where = torch.tensor(
+            [[r * longest + c for r, c in zip(rows, columns, strict=True)], sources,
+             hypothesis_rows], device=scores.device,
+        )  # fmt: skip
+        values = lprobs.reshape(-1).take(where[1])
         if not first:  # the cumulative scores, added as fairseq adds them
-            padded[where] += history[where[0], hypothesis]
+            values = values + history.reshape(-1).take(where[2])
+        padded.view(-1).index_copy_(0, where[0], values)
         scores = padded
     return scores, lists
 
@@ -237,11 +243,12 @@ def _best_each(lprobs: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:
     count, hypotheses, vocab = lprobs.shape
     rows = lprobs.view(count * hypotheses, 1, vocab)
     two_scores, two_tokens = top_candidates(rows, history.view(-1, 1), 2)
-    best_scores, best_tokens = two_scores[:, 0].clone(), two_tokens[:, 0].clone()
+    best_scores, best_tokens = two_scores[:, 0], two_tokens[:, 0]
     tied = two_scores[:, 0].eq(two_scores[:, 1]).nonzero().view(-1)
     if tied.numel():
         again = rows.index_select(0, tied).view(-1, vocab) + history.view(-1, 1)[tied]
         tied_scores, tied_tokens = torch.topk(again, k=1, dim=1)
+        best_scores, best_tokens = best_scores.clone(), best_tokens.clone()
         best_scores[tied], best_tokens[tied] = tied_scores.view(-1), tied_tokens.view(-1)
     return best_scores.view(count, hypotheses), best_tokens.view(count, hypotheses)
 
@@ -264,7 +271,9 @@ def _striped(
                          device=scores.device).view(count, width)  # fmt: skip
     weights = torch.tensor([[s.progress.states.sort_tokens] for s in group], device=scores.device)
     keys = (weights - banks) * MAX_SCORE + scores
-    first_order = _sorted(keys, [len(c.tokens) for c in lists], descending=True)
+    first_order = _sorted(
+        [row[: len(c.tokens)] for row, c in zip(keys.tolist(), lists, strict=True)], True, keys
+    )
     # duplicates struck (fairseq compares the first with the last too, and then keeps the
     # first's state in its list of states all the same), then stripes: the best of each bank
     # (highest first), then the second of each, ...
@@ -289,10 +298,7 @@ def _striped(
             stripes.append(weight - bank + rank * (kept_count + 1))
         kept_lists.append(kept)
         stripe_lists.append(stripes)
-    longest = max(len(stripes) for stripes in stripe_lists)
-    stripes = torch.tensor([x for row in stripe_lists for x in row + [0] * (longest - len(row))])
-    stripe_order = _sorted(stripes.view(count, longest), [len(row) for row in stripe_lists],
-                           descending=False)  # fmt: skip
+    stripe_order = _sorted(stripe_lists, False)
     # as beam_step: an EOS with a finite score ends; the first beam others go on
     picked, ending, alive, next_states = [], [], [], []
     score_rows = scores.tolist()
@@ -308,25 +314,27 @@ def _striped(
     return picked, ending, alive, next_states
 
 
-def _sorted(keys: Tensor, lengths: list[int], descending: bool) -> list[list[int]]:
-    """The order ``torch.sort`` gives each row's first ``lengths[row]`` keys, as fairseq sorts
-    each sentence's list alone. Where a row's keys all differ the order is theirs, whatever sorts
-    them (Python here, cheaper than a tensor operation); rows with equal keys (or NaN) are
-    sorted by torch.sort, those of one length together: its order among equal keys depends
-    on the length alone, not on the rows beside."""
-    rows = keys.tolist()
+def _sorted(rows: list[list], descending: bool, keys: Tensor | None = None) -> list[list[int]]:
+    """The order ``torch.sort`` gives each of ``rows`` (each sentence's keys, sorted alone in
+    fairseq). Where a row's keys all differ the order is theirs, whatever sorts them (Python
+    here, cheaper than a tensor operation); rows with equal keys (or NaN) are sorted by
+    torch.sort (on ``keys``, their tensor padded, where given), those of one length together:
+    its order among equal keys depends on the length alone, not on the rows beside."""
     orders: list[list[int]] = []
     tied: dict[int, list[int]] = defaultdict(list)
-    for row, (values, length) in enumerate(zip(rows, lengths, strict=True)):
-        values = values[:length]
+    for row, values in enumerate(rows):
+        length = len(values)
         if len(set(values)) == length and all(v == v for v in values):
             orders.append(sorted(range(length), key=values.__getitem__, reverse=descending))
         else:
             orders.append([])
             tied[length].append(row)
     for length, same in tied.items():
-        index = torch.tensor(same, device=keys.device)
-        order = keys[index, :length].sort(dim=1, descending=descending).indices.tolist()
+        if keys is None:
+            chosen = torch.tensor([rows[row] for row in same])
+        else:
+            chosen = keys[torch.tensor(same, device=keys.device), :length]
+        order = chosen.sort(dim=1, descending=descending).indices.tolist()
         for row, one in zip(same, order, strict=True):
             orders[row] = one
     return orders
