@@ -13,10 +13,11 @@ the first 2 x beam. EOS is forbidden to a hypothesis that has not met all its co
 as in :func:`beamplugin.search.beam_step.beam_step`, an EOS among the top beam ends a hypothesis
 and the first beam other candidates go on.
 
-The cost: the tensor work (masks, top-k, gathers, both sorts) is done for all constrained
-sentences together, both sorts on the sentences whose lists have one length (so that each list
-gets the very sort fairseq gives it, ties included); what is left per sentence is plain Python
-on its few dozen candidates (a state lookup each, the duplicates, the stripes).
+The cost: the tensor work (masks, the top-k, the gathers) is done for all constrained
+sentences together, a fixed number of operations a step; what is left per sentence is plain
+Python on its few dozen candidates (a state lookup each, the duplicates, the stripes, both
+sorts). A list with equal keys is sorted by ``torch.sort`` as fairseq sorts it, with the lists
+of its length, so that ties fall as in fairseq.
 """
 
 from __future__ import annotations
