@@ -39,15 +39,22 @@ test: $(BIN)/.installed /usr/bin/chromedriver /usr/bin/aarch64-linux-gnu-gcc /us
 # roofline (the decode against its matrix products alone) and the precision table (bf16 and
 # int8: fp16 is emulated, so slow, on CPUs without it); the same ARGS go to those three (e.g.
 # ARGS="--path CKPT --data DATA-BIN"); then the GPU's code path (the device engine) on the CPU
-# beside the other engine: its host time a step, watched without a GPU.
+# beside the other engine: its host time a step, watched without a GPU. Each appends its records
+# to RESULTS (under build/, ignored by git): the tables render only benchmarks/results/*.jsonl,
+# into which chosen records are copied (docs/performance.md, "Results").
+RESULTS ?= build/bench.jsonl
 bench: $(BIN)/.installed
-	$(BIN)/python -m benchmarks.kernels --threads 1
-	$(BIN)/python -m benchmarks.generate $(or $(ARGS),--random --batch-sizes 1 64)
-	$(BIN)/python -m benchmarks.roofline $(or $(ARGS),--random --batch-sizes 1 64)
+	$(BIN)/python -m benchmarks.kernels --threads 1 --results $(RESULTS)
+	$(BIN)/python -m benchmarks.bf16 --threads 1 --parts kernels --results $(RESULTS)
+	$(BIN)/python -m benchmarks.generate --threads 2 --max-sentences 128 --repeats 3 \
+		$(or $(ARGS),--random --batch-sizes 1 64) --results $(RESULTS)
+	$(BIN)/python -m benchmarks.roofline $(or $(ARGS),--random --batch-sizes 1 64) \
+		--results $(RESULTS)
 	$(BIN)/python -m benchmarks.precision --precisions bf16 int8 $(or $(ARGS),--random \
-		--batch-sizes 1 64 --max-sentences 64 --repeats 2)
+		--batch-sizes 1 64 --max-sentences 64 --repeats 2) --results $(RESULTS)
 	$(BIN)/python -m benchmarks.gpu_step --device cpu --models tiny --batch-sizes 1 64 \
-		--sentences 128 --rounds 2 --precision float32 --systems ours device
+		--sentences 128 --rounds 2 --precision float32 --systems ours device \
+		--results $(RESULTS)
 
 # The results tables of README.md and docs/ rewritten from benchmarks/results/*.jsonl, the one
 # place figures are written (tests/test_results_tables.py fails while a table differs).

@@ -18,8 +18,9 @@ from setuptools import find_packages, setup
 #  - sentencex: the server's documents cut into sentences (rules for ~300 languages in the
 #    package); py3langid: /detect and source "auto" (its model in the package); lxml (dev): the
 #    tests parse HTML with a second parser. See docs/dependencies.md.
-#  - srt, python-docx: the server's subtitle and Word files (POST /translate_file) read and
-#    written. See docs/dependencies.md.
+#  - srt, python-docx, odfdo (and its lxml, installed rather than dev only now): the server's
+#    subtitle, Word and OpenDocument files (POST /translate_file) read and written. See
+#    docs/dependencies.md.
 #  - tqdm: beamplugin-translate's progress bar (fairseq pulls it in unpinned); ray (extra
 #    "cluster", installed by make test too): beamplugin-translate --ray. See docs/cluster.md.
 INSTALL_REQUIRES = [
@@ -39,6 +40,8 @@ INSTALL_REQUIRES = [
     "py3langid==0.4.0",
     "srt==3.5.3",
     "python-docx==1.2.0",
+    "odfdo==3.27.3",
+    "lxml==6.1.3",
 ]
 
 setup(
@@ -62,11 +65,10 @@ setup(
             "openapi-spec-validator==0.9.0",
             "jsonschema==4.26.0",
             "psutil==7.2.2",
-            "lxml==6.1.3",
         ],
         # beamplugin-translate --ray (docs/cluster.md); make test installs it with dev
         "cluster": ["ray==2.60.0"],
-        # benchmarks/transformer.py only: CTranslate2 decodes the same checkpoints there
+        # benchmarks/generate.py only: CTranslate2 decodes the same checkpoints there
         "bench": ["ctranslate2==4.8.5"],
     },
     entry_points={

@@ -128,16 +128,17 @@ def add_results_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def command_line(module: str, argv: list[str] | None = None) -> str:
-    """The command that reproduces this run, as records cite it: ``python -m benchmarks.NAME``
-    and the options, less ``--results``/``--profile`` and their files (where it wrote is not
-    what it measured)."""
-    args = sys.argv[1:] if argv is None else argv
+def command_line() -> str:
+    """The command that reproduces this run, as records cite it: the variables that pin kernel
+    sets, ``python -m benchmarks.NAME`` and the options, less ``--results``/``--profile`` and
+    their files (where it wrote is not what it measured)."""
+    module = sys.modules["__main__"].__spec__.name
+    args = sys.argv[1:]
     shown = [a for a, before in zip(args, ["", *args], strict=False)
              if a not in ("--results", "--profile") and before not in ("--results", "--profile")]
     quoted = [f'"{a}"' if " " in a else a for a in shown]
     pinned = " ".join(f"{name}={os.environ[name]}" for name in ISA_VARIABLES if name in os.environ)
-    return " ".join(filter(None, [pinned, "python -m", module.removeprefix("__main__."), *quoted]))
+    return " ".join(filter(None, [pinned, "python -m", module, *quoted]))
 
 
 # The variables that hold kernels to a set (docs/performance.md): part of the command.
@@ -159,18 +160,24 @@ def append_records(path: Path | None, records: Iterable[dict[str, Any]]) -> None
             out.write(json.dumps(one) + "\n")
 
 
-def fastest(run: Callable[[], object], seconds: float = 0.004, rounds: int = 7) -> float:
-    """Microseconds a call: the fastest of ``rounds`` rounds of about ``seconds`` each."""
+def fastest(
+    run: Callable[[], object],
+    seconds: float = 0.004,
+    rounds: int = 7,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Microseconds a call: the fastest of ``rounds`` rounds of about ``seconds`` each, timed
+    by ``clock`` (``time.thread_time`` leaves out a loaded machine's preemptions)."""
     run()
-    start = time.perf_counter()
+    start = clock()
     run()
-    calls = max(1, int(seconds / max(time.perf_counter() - start, 1e-7)))
+    calls = max(1, int(seconds / max(clock() - start, 1e-7)))
     best = float("inf")
     for _ in range(rounds):
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             run()
-        best = min(best, (time.perf_counter() - start) / calls)
+        best = min(best, (clock() - start) / calls)
     return best * 1e6
 
 

@@ -179,6 +179,20 @@ def _same(best: list[list[int]], reference: list[list[int]], stream: bool) -> st
     return f"{sum(best[i] == reference[i] for i in compared)}/{len(compared)}"
 
 
+MODELS = {"convs2s": "ConvS2S of the demo's shape", "transformer": "transformer.conf's shape"}
+
+
+def describe(name: str, comparison: str, system: str) -> str:
+    """A row's "what": the model, and what its systems decode."""
+    kind, *rest = comparison.split()
+    if kind == "stream":  # "stream N in flight"
+        return (f"{MODELS[name]}, a stream ({' '.join(rest)}), "
+                f"{system.replace('constraints ', 'sentences with constraints: ')}")  # fmt: skip
+    if kind == "none":
+        return f"{MODELS[name]}, {' '.join(rest)}: no constraints (ours, the ceiling)"
+    return f"{MODELS[name]}, {' '.join(rest)}: {kind} constraints (1-3 a sentence)"
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -236,9 +250,7 @@ def main() -> None:
             rows.append(record(
                 table=table_name(),
                 row=row,
-                what=f"lexical constraints, {comparison}, beam {BEAM}, 1-3 constraints a sentence"
-                + (f", {key.split('/')[1]}" if "stream" in key else "")
-                + (" (left out: our speed without them)" if comparison.startswith("none") else ""),
+                what=describe(name, comparison, key.split("/")[1]),
                 system=system, model=f"{name} (random, 8k words)", precision="float32",
                 batch=size, tokens_per_s=round(tokens / seconds, 1),
                 ratio={"against": {"constraints none": "no constraints",

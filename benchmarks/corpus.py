@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import common
 from benchmarks.common import cpu_description
 
 BIN = Path(sys.executable).parent
@@ -68,6 +69,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--systems", nargs="+", default=["interactive", "local", "ray1", "ray2"],
                         choices=[*INTERACTIVE, "local", "ray1", "ray2"])  # fmt: skip
     parser.add_argument("--rounds", type=int, default=1)
+    common.add_results_option(parser)
     return parser.parse_args()
 
 
@@ -178,6 +180,14 @@ def main() -> None:
                       f"{args.lines / seconds:.1f} lines/s (its wall clock, loading included), "
                       f"{differ} translations differ from the first system's")  # fmt: skip
                 print(report.strip())
+                common.append_records(args.results, [common.record(
+                    table=common.table_name(), row=f"corpus-{args.lines}",
+                    what=f"{args.lines} lines of {args.corpus}, model loading included",
+                    system=system, model=args.path, precision="float32",
+                    sentences_per_s=args.lines / seconds,
+                    same_as_first_system=f"{args.lines - differ}/{args.lines}",
+                    command=common.command_line(), **common.machine(threads=args.threads),
+                )])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,16 +19,16 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 \
     | tail -30 | tee "$OUT/tests.txt"
-timeout 60 python3 benchmarks/gpu_step.py --checks --models tiny --batch-sizes 8 \
+timeout 60 python3 -m benchmarks.gpu_step --checks --models tiny --batch-sizes 8 \
     --sentences 16 --rounds 1 --precision float32 2>&1 | grep -v "INFO\|DEBUG" | tee "$OUT/checks.txt"
-timeout 200 python3 benchmarks/gpu_step.py --models base big --batch-sizes 1 64 \
+timeout 200 python3 -m benchmarks.gpu_step --models base big --batch-sizes 1 64 \
     --precision fp16 --results "$OUT/gpu.jsonl" --profile "$OUT/profile.txt" 2>&1 \
     | grep -v "INFO\|DEBUG" | tee "$OUT/bench.txt"
 # convs2s of the demo's shape (random weights) against fairseq's fconv, float32
-timeout 100 python3 benchmarks/gpu_step.py --models convs2s --batch-sizes 1 64 \
+timeout 100 python3 -m benchmarks.gpu_step --models convs2s --batch-sizes 1 64 \
     --precision float32 --batch-1-sentences 32 --sentences 512 --results "$OUT/gpu.jsonl" 2>&1 \
     | grep -v "INFO\|DEBUG" | tee -a "$OUT/bench.txt"
 # float32: fairseq's outputs, and what the fixed-row-count products cost
-timeout 80 python3 benchmarks/gpu_step.py --models base --batch-sizes 64 --precision float32 \
+timeout 80 python3 -m benchmarks.gpu_step --models base --batch-sizes 64 --precision float32 \
     --systems fairseq ours graphs --results "$OUT/gpu.jsonl" 2>&1 | grep -v "INFO\|DEBUG" \
     | tee -a "$OUT/bench.txt"

@@ -259,7 +259,7 @@ def main() -> None:
                         help="write torch's profile of one batch of each system here")
     args = parser.parse_args()
     info = machine(args.device, torch.get_num_threads())
-    command = command_line(__spec__.name)
+    command = command_line()
     print(f"# {info['device']} (host {info['host_cpu']}), torch {torch.__version__}, "
           f"commit {info['commit']}; {cpu_description()}", flush=True)  # fmt: skip
     if args.checks:

@@ -1,4 +1,4 @@
-"""The transformer benchmark of benchmarks/transformer.py at the sizes people deploy: fairseq,
+"""The transformer benchmark of benchmarks/generate.py at the sizes people deploy: fairseq,
 ours (float32, ``--int8``) and CTranslate2 (float32, int8) on fairseq checkpoints of the standard
 architectures with random weights, built here.
 
@@ -38,8 +38,9 @@ import argparse
 import random
 from pathlib import Path
 
+from benchmarks.common import add_results_option
+from benchmarks.generate import measure, test_set_options, timing_options
 from benchmarks.models import SEED, SHAPES, build, shape
-from benchmarks.transformer import measure, test_set_options, timing_options
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,6 +51,7 @@ def parse_args() -> argparse.Namespace:
                         default=Path.home() / ".cache" / "beamplugin" / "bench-models")
     test_set_options(parser)
     timing_options(parser, max_len_b=40)
+    add_results_option(parser)
     parser.add_argument("--shortlist", type=int, default=0, metavar="K",
                         help="time shortlists too (the vmap systems): a map in which every "
                         "source word lists K target words (seeded at random) and every "
@@ -84,6 +86,7 @@ def main() -> None:
             args.vocabulary_map = write_vocabulary_map(vmap, words, args.shortlist)
             print(f"# shortlists: {vmap}, {args.shortlist} words a source word, "
                   f"{ALWAYS_LISTED} for every sentence")
+        args.label = name if args.scale == "real" else f"{name}-{args.scale}"
         measure(str(checkpoint), str(data), args)
 
 

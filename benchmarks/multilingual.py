@@ -41,6 +41,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 import beamplugin  # noqa: F401  (registers the tasks, safe checkpoint loading)
 from beamplugin.engine import DecodingEngine
 from beamplugin.streams import IteratorSource, run, sentence_request
+from benchmarks import common
 from benchmarks.common import cpu_description
 
 LANGUAGES = ["de", "en", "fr", "es"]
@@ -59,6 +60,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--random-size", type=int, nargs=3, default=[3, 256, 8000],
                         metavar=("LAYERS", "DIM", "VOCAB"),
                         help="the random model: layers each side, width, words")  # fmt: skip
+    common.add_results_option(parser)
     return parser.parse_known_args()
 
 
@@ -151,14 +153,18 @@ def measure(generator: Any, capacity: int, streams: dict[str, list], repeats: in
     return seconds, results
 
 
-def report(seconds: dict[str, list[float]], results: dict[str, dict], every: int) -> None:
+def report(seconds: dict[str, list[float]], results: dict[str, dict],
+           every: int) -> list[dict[str, Any]]:
     """Medians, the ratio, and whether the mixed stream's sentences to the first target (every
-    ``every``-th) got the one-pair stream's hypotheses."""
+    ``every``-th) got the one-pair stream's hypotheses; a record's figures a stream."""
+    figures = []
     for name, times in seconds.items():
         median = statistics.median(times)
         tokens = sum(len(h[0]["tokens"]) for h in results[name].values())
         print(f"  {name:9s} {median:7.3f} s  {len(results[name]) / median:7.1f} sentences/s  "
               f"{tokens / median:8.1f} tokens/s")  # fmt: skip
+        figures.append(dict(system=name, sentences_per_s=len(results[name]) / median,
+                            tokens_per_s=tokens / median))
     ratio = statistics.median(seconds["mixed"]) / statistics.median(seconds["one pair"])
     # each round's two runs are within seconds of each other: their ratio drifts less than the
     # machine's speed does between rounds
@@ -169,13 +175,18 @@ def report(seconds: dict[str, list[float]], results: dict[str, dict], every: int
                for i in range(0, len(one), every))  # fmt: skip
     print(f"  mixed / one pair: x{ratio:.3f} time (median of the rounds' ratios x{paired:.3f}); "
           f"the sentences to the first target got the same hypotheses in both: {same}")
+    figures[-1].update(ratio={"against": "one pair", "value": 1 / paired},
+                       same_as_one_pair=same)  # fmt: skip
+    return figures
 
 
 def main() -> None:
     args, fairseq_args = parse_args()
     torch.set_num_threads(args.threads)
+    given = "--path" in fairseq_args
+    model = fairseq_args[fairseq_args.index("--path") + 1] if given else "random transformer"
     with tempfile.TemporaryDirectory() as root:
-        if "--path" not in fairseq_args:
+        if not given:
             fairseq_args = random_model(Path(root), *args.random_size)
         task, generator = decoder(fairseq_args, args.length)
     source = task.languages.default[0]
@@ -188,7 +199,14 @@ def main() -> None:
     for capacity in args.capacity:
         seconds, results = measure(generator, capacity, streams, args.repeats, rng)
         print(f"\ncapacity {capacity}: median of {args.repeats} rounds")
-        report(seconds, results, len(targets))
+        figures = report(seconds, results, len(targets))
+        common.append_records(args.results, [common.record(
+            table=common.table_name(), row=f"multilingual-c{capacity}",
+            what=f"{args.sentences} sentences from {source} to {'/'.join(targets)} mixed in one "
+                 "stream against one target's (batch: capacity)",
+            model=model, precision="float32", batch=capacity,
+            command=common.command_line(), **figure, **common.machine(threads=args.threads),
+        ) for figure in figures])  # fmt: skip
         sys.stdout.flush()
 
 

@@ -48,9 +48,10 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 import beamplugin  # noqa: F401  (registers convs2s, safe checkpoint loading)
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding, native_on_cpu
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import int8_weights, packed_weights
+from benchmarks import common
 from benchmarks.common import cpu_description
-from benchmarks.generate import run
+from benchmarks.in_process import run
 from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 
@@ -71,6 +72,7 @@ def parse_args() -> Namespace:
     parser.add_argument("--precisions", nargs="+", default=["bf16", "fp16", "int8"])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--products", action="store_true", help="time the products alone")
+    common.add_results_option(parser)
     args = parser.parse_args()
     if not args.products and not args.random and not (args.path and args.data):
         parser.error("give --path and --data, or --random")
@@ -104,8 +106,8 @@ def time_products(args: Namespace) -> None:
     for out_features, in_features in [(8000, 256), (512, 768)]:
         weight = torch.randn(out_features, in_features) / in_features**0.5
         bias = torch.randn(out_features)
-        packed = linear_module.pack_weight(weight)
-        int8 = linear_module.pack_int8(weight, bias)
+        packed = packed_weights.pack_weight(weight)
+        int8 = int8_weights.pack_int8(weight, bias)
         int8_weight, scales = int8.values, int8.scales
         with warnings.catch_warnings():  # torch marks quantized tensors deprecated
             warnings.simplefilter("ignore", UserWarning)
@@ -117,12 +119,12 @@ def time_products(args: Namespace) -> None:
             x = torch.randn(rows, in_features)
             half = {dtype: (x.to(dtype), weight.to(dtype), bias.to(dtype))
                     for dtype in (torch.bfloat16, torch.float16)}  # fmt: skip
-            xb, sb, keep = half[torch.bfloat16][0], scales.bfloat16(), lambda p=packed: p
+            xb, sb = half[torch.bfloat16][0], scales.bfloat16()
             products = {
-                "float32 (ours)": partial(linear_module.linear, x, weight, bias, keep),
+                "float32 (ours)": partial(packed_weights.packed_product, x, packed, bias),
                 "bf16 F.linear": partial(F.linear, *half[torch.bfloat16]),
                 "fp16 F.linear": partial(F.linear, *half[torch.float16]),
-                "int8 (ours)": partial(linear_module.int8_linear, x, int8),
+                "int8 (ours)": partial(int8_weights.int8_linear, x, int8),
                 "int8 fbgemm shared scale": partial(
                     torch.ops.quantized.linear_dynamic, x, fbgemm, True
                 ),
@@ -200,7 +202,7 @@ def main() -> None:
     print(
         f"# {source}; beam {args.beam}, {args.threads} threads, torch {torch.__version__}\n"
         f"# {cpu_description()}, hardware products {native}, int8 weights of "
-        f"{linear_module.int8_weight_levels()} levels"
+        f"{int8_weights.int8_weight_levels()} levels"
     )
     for batch_size in args.batch_sizes:
         if args.random:
@@ -225,13 +227,27 @@ def main() -> None:
         print("| --- | --- | --- | --- | --- |")
         median = {name: statistics.median(t) for name, t in times.items()}
         reference = best(outputs["ours fp32"])
+        records = []
         for name in systems:
             equal = sum(a == b for a, b in zip(reference, best(outputs[name]), strict=True))
+            against_ours = paired(times["ours fp32"], times[name])
             print(
                 f"| {name} | {sentences / median[name]:.1f} | "
                 f"x{paired(times['fairseq fp32'], times[name]):.2f} | "
-                f"x{paired(times['ours fp32'], times[name]):.2f} | {equal}/{sentences} |"
+                f"x{against_ours:.2f} | {equal}/{sentences} |"
             )
+            records.append(common.record(
+                table=common.table_name(), row=f"precision-b{batch_size}",
+                what=f"our convs2s in reduced precisions ({source})",
+                system="fairseq" if name == "fairseq fp32" else name, model=source,
+                precision=name.split()[-1], batch=batch_size,
+                sentences_per_s=sentences / median[name],
+                ratio=None if name == "fairseq fp32" else {"against": "ours fp32",
+                                                           "value": against_ours},
+                same_as_ours_fp32=f"{equal}/{sentences}", command=common.command_line(),
+                **common.machine(threads=args.threads),
+            ))  # fmt: skip
+        common.append_records(args.results, records)
     if args.ref and not args.random:
         quality(systems, task, args)
 

@@ -89,6 +89,9 @@ def cell(record: Record, reference: Record | None) -> str:
             parts.append(f"{shown} {unit}")
     if record.get("bleu") is not None:
         parts.append(f"BLEU {record['bleu']:.2f}")
+    if record.get("terms_present") is not None:  # a glossary's terms in the output
+        parts.append(f"terms {record['terms_present']:.1%} (as whole words "
+                     f"{record['terms_whole_words']:.1%})")  # fmt: skip
     if record.get("peak_mib") is not None:
         parts.append(f"{record['peak_mib']:,.0f} MiB peak")
     if record.get("share_of_peak") is not None:

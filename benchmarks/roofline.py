@@ -36,9 +36,10 @@ import torch
 import beamplugin.modules.attention as attention_module
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
-from beamplugin.modules.linear import InferenceCache
+from beamplugin.modules.inference_cache import InferenceCache
+from benchmarks import common
 from benchmarks.common import cpu_description
-from benchmarks.generate import Timers, instrument, replace, run
+from benchmarks.in_process import Timers, instrument, replace, run
 from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
 PARTS = ["vocabulary", "decoder convolutions", "attention", "projections", "encoder"]
@@ -60,6 +61,7 @@ def parse_args() -> Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--precision", default="float32", choices=sorted(PRECISIONS))
     parser.add_argument("--seed", type=int, default=1)
+    common.add_results_option(parser)
     args = parser.parse_args()
     if not args.random and not (args.path and args.data):
         parser.error("give --path and --data, or --random")
@@ -211,6 +213,14 @@ def main() -> None:
         print(f"where a decode's time goes (instrumented pass, {total:.3f} s):")
         for part, seconds in split.items():
             print(f"  {100 * seconds / total:5.1f}%  {part}")
+        common.append_records(args.results, [common.record(
+            table=common.table_name(), row=f"roofline-{args.precision}-b{batch_size}",
+            what=f"our convs2s ({source}) against its products alone", system="ours",
+            model=source, precision=args.precision, batch=batch_size, sentences_per_s=n / t_decode,
+            ratio={"against": "its products alone", "value": t_alone / t_decode},
+            gflops_per_s=flops / t_decode / 1e9, command=common.command_line(),
+            **common.machine(threads=args.threads),
+        )])  # fmt: skip
 
 
 if __name__ == "__main__":

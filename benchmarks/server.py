@@ -46,6 +46,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from beamplugin.serving.translator import Translator
 from beamplugin.streams import translate
+from benchmarks import common
 from benchmarks.common import cpu_description
 
 BIN = Path(sys.executable).parent
@@ -66,11 +67,13 @@ class Timing(NamedTuple):
 
 
 class ServerProcess:
-    """beamplugin-serve on a free port of 127.0.0.1 (an hour at most)."""
+    """beamplugin-serve on a free port of 127.0.0.1, killed by ``timeout`` past ``lifetime``
+    seconds."""
 
-    def __init__(self, arguments: list[str], threads: int) -> None:
-        command = ["timeout", "-k", "10", "3600", str(BIN / "beamplugin-serve"), *arguments,
-                   "--host", "127.0.0.1", "--port", "0", "--max-queued", "1024"]  # fmt: skip
+    def __init__(self, arguments: list[str], threads: int, lifetime: float = 3600) -> None:
+        command = ["timeout", "-k", "10", str(int(lifetime)), str(BIN / "beamplugin-serve"),
+                   *arguments, "--host", "127.0.0.1", "--port", "0",
+                   "--max-queued", "1024"]  # fmt: skip
         self.process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, OMP_NUM_THREADS=str(threads)),
@@ -213,6 +216,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--latency-sentences", type=int, default=64,
                         help="requests alone, one at a time")  # fmt: skip
+    common.add_results_option(parser)
     args = parser.parse_args()
     lines = [s.strip() for s in Path(args.sentences).read_text().splitlines() if s.strip()]
     sentences = lines[: args.max_sentences]
@@ -268,6 +272,21 @@ def main() -> None:
               f"{1000 * percentile(loaded, 50):.0f} ms, p99 {1000 * percentile(loaded, 99):.0f} "
               f"ms; a request alone: p50 {1000 * percentile(alone, 50):.0f} ms, p99 "
               f"{1000 * percentile(alone, 99):.0f} ms")  # fmt: skip
+        common.append_records(args.results, [
+            common.record(
+                table=common.table_name(), row="server", system=name,
+                what=f"{args.path}: beamplugin-serve with {args.clients} clients sending single "
+                     f"sentences ({n})", model=args.path, precision="float32", batch=64,
+                sentences_per_s=statistics.median(r[index][0] for r in rows),
+                sentences_per_cpu_s=statistics.median(r[index][1] for r in rows),
+                ratio=None if name == "server" else {
+                    "against": name, "value": statistics.median(r[1][0] / r[index][0]
+                                                                for r in rows)},
+                p99_ms_at_half_saturation=round(1000 * percentile(loaded, 99)),
+                command=common.command_line(), **common.machine(threads=args.threads),
+            )
+            for index, name in enumerate(names)
+        ])  # fmt: skip
     finally:
         codes = server.stop(), single.stop()
         translator.close()

@@ -18,21 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import aiohttp
 import psutil
 
-BIN = Path(sys.executable).parent
+from benchmarks.server import ServerProcess
 
 
 def model_options(args: argparse.Namespace) -> list[str]:
@@ -62,44 +58,15 @@ def offline(args: argparse.Namespace, sentences: list[str]) -> dict[str, str]:
         translator.close()
 
 
-class ServerProcess:
-    """beamplugin-serve on a free port of 127.0.0.1, killed by ``timeout`` past ``lifetime``."""
-
-    def __init__(self, arguments: list[str], lifetime: float) -> None:
-        command = ["timeout", "-k", "10", str(int(lifetime)), str(BIN / "beamplugin-serve"),
-                   *arguments, "--host", "127.0.0.1", "--port", "0"]  # fmt: skip
-        self.process = subprocess.Popen(
-            command, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")
-        )
-        self.url = ""
-        ready = threading.Event()
-
-        def read() -> None:
-            for line in self.process.stderr:
-                match = re.search(r"serving \S+ on (http://\S+)", line)
-                if match:
-                    self.url = match[1]
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        ready.wait(600)
-        if not self.url:
-            raise RuntimeError("beamplugin-serve did not start")
-
-    def rss(self) -> dict[str, float]:
-        """Resident memory (MiB) of the server and its decoder process."""
-        server, *others = psutil.Process(self.process.pid).children()
-        decoders = [p for p in server.children() if "resource_tracker" not in " ".join(
-            p.cmdline())]  # fmt: skip
-        return {
-            "server": server.memory_info().rss / 2**20,
-            "decoder": sum(p.memory_info().rss for p in decoders) / 2**20,
-        }
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(120)
+def rss(server: ServerProcess) -> dict[str, float]:
+    """Resident memory (MiB) of the server and its decoder process."""
+    serve, *others = psutil.Process(server.process.pid).children()
+    decoders = [p for p in serve.children() if "resource_tracker" not in " ".join(
+        p.cmdline())]  # fmt: skip
+    return {
+        "server": serve.memory_info().rss / 2**20,
+        "decoder": sum(p.memory_info().rss for p in decoders) / 2**20,
+    }
 
 
 class Soak:
@@ -215,18 +182,18 @@ def main() -> int:
     print(f"{len(sentences)} distinct sentences; decoding them offline for reference")
     reference = offline(args, sentences)
     server = ServerProcess(
-        model_options(args) + ["--batch-size", str(args.batch_size), "--max-queued", "1024"],
+        model_options(args) + ["--batch-size", str(args.batch_size)], threads=1,
         lifetime=args.time_limit + 900,
     )
     try:
         warmup = Soak(argparse.Namespace(**{**vars(args), "total": args.warmup,
                                             "abandon": 0.0}), reference)  # fmt: skip
         asyncio.run(run_clients(warmup, server.url, args.clients))
-        rss_start = server.rss()
+        rss_start = rss(server)
         soak = Soak(args, reference)
         asyncio.run(run_clients(soak, server.url, args.clients))
         time.sleep(1)  # the last cancellations leave the engine
-        rss_end = server.rss()
+        rss_end = rss(server)
         health, metrics = asyncio.run(scrape(server.url))
     finally:
         status = server.stop()

@@ -46,6 +46,7 @@ import beamplugin  # noqa: F401  (registers the task and model, safe checkpoint 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import PRECISIONS, cast_for_decoding
 from beamplugin.streams import translate
+from benchmarks import common
 from benchmarks.common import cpu_description
 
 Hypotheses = list[dict]
@@ -65,6 +66,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="float32", choices=sorted(PRECISIONS),
                         help="what every system decodes in (cast_for_decoding)")  # fmt: skip
+    common.add_results_option(parser)
     return parser.parse_args()
 
 
@@ -163,6 +165,7 @@ def main() -> None:
               "| paired in rounds: vs static, vs sorted | best hypothesis as continuous's")
         base = {k: statistics.median(wall[k]) for k in ("static", "static, sorted")}
         base_cpu = {k: statistics.median(cpu[k]) for k in ("static", "static, sorted")}
+        records = []
         for name in systems:
             seconds, cpu_seconds = statistics.median(wall[name]), statistics.median(cpu[name])
             paired = [
@@ -179,6 +182,17 @@ def main() -> None:
                   f"x{base['static, sorted'] / seconds:.2f} "
                   f"(x{base_cpu['static, sorted'] / cpu_seconds:.2f}) | "
                   f"x{paired[0]:.2f}, x{paired[1]:.2f} | {same}/{count}")
+            records.append(common.record(
+                table=common.table_name(args.device), row=f"stream-c{capacity}",
+                what=f"{args.path}: a stream of {count} sentences in random order, continuous "
+                     "against static batching (batch: capacity)",
+                system=name, model=args.path, precision=args.precision, batch=capacity,
+                sentences_per_s=count / seconds, same_as_continuous=f"{same}/{count}",
+                ratio=None if name == "static" else {"against": "static batching",
+                                                     "value": paired[0]},
+                command=common.command_line(), **common.machine(args.device, args.threads),
+            ))  # fmt: skip
+        common.append_records(args.results, records)
 
 
 if __name__ == "__main__":

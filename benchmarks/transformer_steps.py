@@ -30,16 +30,21 @@ import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
 from beamplugin import SequenceGenerator
 from beamplugin.kernels.transformer_layers import DecoderStep
 from beamplugin.models import mixed_step_transformer
+from benchmarks import common
 from benchmarks.common import cpu_description
-from benchmarks.transformer import checkpoint_parser, ct2_model
+from benchmarks.generate import ct2_model, test_set_options
 
 BEAM = 5
 
 
 def parse_args() -> argparse.Namespace:
-    parser = checkpoint_parser(__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", required=True, help="a fairseq transformer checkpoint")
+    parser.add_argument("--data", required=True, help="its binarized data directory")
+    test_set_options(parser)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="best of")
+    common.add_results_option(parser)
     return parser.parse_args()
 
 
@@ -110,7 +115,8 @@ class Split:
 
 
 def split(timers: Split, model: Any, dictionary: Any, items: list[dict], size: int,
-          repeats: int) -> str:  # fmt: skip
+          repeats: int) -> tuple[str, float]:  # fmt: skip
+    """The split of the best of ``repeats`` decodes at batch ``size``, and its sentences/s."""
     generator = SequenceGenerator([model], dictionary, beam_size=BEAM, max_len_b=200)
     work = batches(items, size, dictionary.pad())
     encoder, decoder, products = timers.encoder, timers.decoder, timers.products
@@ -142,10 +148,12 @@ def split(timers: Split, model: Any, dictionary: Any, items: list[dict], size: i
         f"{encoding * 1000:.0f} + decoder {decoding * 1000:.0f} ({steps} steps, "
         f"{decoding / steps * 1000:.2f} ms each; its C calls alone {replayed * 1000:.0f}) "
         f"+ search and the rest {(total - encoding - decoding) * 1000:.0f}"
-    )
+    ), len(items) / total
 
 
-def step_costs(args: argparse.Namespace, model: Any, dictionary: Any, item: dict) -> list[str]:
+def step_costs(args: argparse.Namespace, model: Any, dictionary: Any,
+               item: dict) -> dict[str, float]:
+    """Ours and CTranslate2's milliseconds a decoder step on ``item``, each line printed."""
     import ctranslate2
 
     sample = {"net_input": {"src_tokens": item["source"].view(1, -1),
@@ -172,13 +180,14 @@ def step_costs(args: argparse.Namespace, model: Any, dictionary: Any, item: dict
         translator.translate_batch(words, beam_size=BEAM, max_decoding_length=length,
                                    min_decoding_length=length)  # fmt: skip
 
-    lines = []
+    costs = {}
     for name, decode in (("ours", ours), ("ct2 float32", ct2)):
         short, long = (min(_seconds(decode, n) for _ in range(7)) for n in (10, 50))
         step = (long - short) / 40
-        lines.append(f"{name:12s} {step * 1000:.3f} ms a step (beam {BEAM}), "
-                     f"{(short - 10 * step) * 1000:.2f} ms a sentence besides")  # fmt: skip
-    return lines
+        print(f"{name:12s} {step * 1000:.3f} ms a step (beam {BEAM}), "
+              f"{(short - 10 * step) * 1000:.2f} ms a sentence besides")  # fmt: skip
+        costs[name] = step * 1000
+    return costs
 
 
 def _seconds(decode: Callable[[int], None], length: int) -> float:
@@ -200,11 +209,21 @@ def main() -> None:
     items = [dataset[i] for i in range(min(args.sentences, len(dataset)))]
     items.sort(key=lambda item: len(item["source"]))
     print(f"# {args.path}; beam {BEAM}; {args.threads} thread(s); {cpu_description()}")
-    for line in step_costs(args, model, dictionary, items[len(items) // 2]):
-        print(line)
+    costs = step_costs(args, model, dictionary, items[len(items) // 2])
+    where = dict(command=common.command_line(), **common.machine(threads=args.threads))
+    records = [common.record(
+        table=common.table_name(), row="steps-b1", system=name, model=args.path,
+        what=f"{args.path}: one sentence's decoder step (beam {BEAM})", precision="float32",
+        batch=1, ms_per_step=ms, **where) for name, ms in costs.items()]  # fmt: skip
     timers = Split()
     for size in args.batch_sizes:
-        print(split(timers, model, dictionary, items, size, args.repeats))
+        text, rate = split(timers, model, dictionary, items, size, args.repeats)
+        print(text)
+        records.append(common.record(
+            table=common.table_name(), row=f"steps-split-b{size}", system="ours",
+            model=args.path, what=f"{args.path}: our decode split into its parts",
+            precision="float32", batch=size, sentences_per_s=rate, **where))  # fmt: skip
+    common.append_records(args.results, records)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 ours decodes them as fairseq does, CTranslate2 converts them and decodes as many steps as
 fairseq."""
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
-from benchmarks import models, transformer
+from benchmarks import generate, models
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_LEN_B = 12  # a random model decodes to the limit: keep it short
@@ -53,7 +54,7 @@ def test_ours_gives_fairseqs_best_hypotheses(name, tmp_path):
     task.load_dataset("test")
     dataset = task.dataset("test")
     batch = dataset.collater([dataset[i] for i in range(SENTENCES)])
-    options = dict(beam_size=transformer.BEAM, max_len_a=0, max_len_b=MAX_LEN_B)
+    options = dict(beam_size=generate.BEAM, max_len_a=0, max_len_b=MAX_LEN_B)
     dictionary = task.target_dictionary
     with torch.inference_mode():
         theirs = FairseqGenerator([model], dictionary, **options).generate([model], batch)
@@ -66,23 +67,23 @@ def test_ours_gives_fairseqs_best_hypotheses(name, tmp_path):
 def test_ctranslate2_converts_and_decodes_as_many_steps_as_fairseq(tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     checkpoint, data, model, task = built("nllb-600m", tmp_path)
-    converted = transformer.ct2_model(str(checkpoint), str(data), None, tmp_path)
+    converted = generate.ct2_model(str(checkpoint), str(data), None, tmp_path)
     task.load_dataset("test")
     dataset = task.dataset("test")
     dictionary = task.target_dictionary
     batch = dataset.collater([dataset[i] for i in range(SENTENCES)])
-    generator = FairseqGenerator([model], dictionary, beam_size=transformer.BEAM,
+    generator = FairseqGenerator([model], dictionary, beam_size=generate.BEAM,
                                  max_len_a=0, max_len_b=MAX_LEN_B)  # fmt: skip
     with torch.inference_mode():
         fairseq_best = [h[0]["tokens"].tolist() for h in generator.generate([model], batch)]
     translator = ctranslate2.Translator(str(converted), device="cpu", intra_threads=1)
     words = [[dictionary[t] for t in dataset[i]["source"][:-1]] for i in batch["id"].tolist()]
     results = translator.translate_batch(
-        words, beam_size=transformer.BEAM, length_penalty=1.0,
-        max_decoding_length=transformer.ct2_decoding_length(MAX_LEN_B),
+        words, beam_size=generate.BEAM, length_penalty=1.0,
+        max_decoding_length=generate.ct2_decoding_length(MAX_LEN_B),
     )  # fmt: skip
     ct2_words = [r.hypotheses[0] for r in results]
-    ct2_best = transformer.ct2_tokens(ct2_words, dictionary, MAX_LEN_B)
+    ct2_best = generate.ct2_tokens(ct2_words, dictionary, MAX_LEN_B)
     # Where both found the same best hypothesis and fairseq's ran to the limit (its last step
     # forced to EOS), CTranslate2 decoded that last step too: one word more than fairseq.
     at_limit = [len(w) for w, ct2, ours in zip(ct2_words, ct2_best, fairseq_best, strict=True)
@@ -92,9 +93,10 @@ def test_ctranslate2_converts_and_decodes_as_many_steps_as_fairseq(tmp_path):
 
 
 def test_half_precisions_are_refused_on_the_cpu_before_anything_is_loaded(tmp_path):
-    parser = transformer.checkpoint_parser("x")
-    transformer.timing_options(parser, MAX_LEN_B)
-    parsed = parser.parse_args(["--path", "none", "--data", "none", "--precision", "fp16"])
+    parser = argparse.ArgumentParser()
+    generate.test_set_options(parser)
+    generate.timing_options(parser, MAX_LEN_B)
+    parsed = parser.parse_args(["--precision", "fp16"])
     # nothing at "none": a check after loading would fail on the missing checkpoint instead
     with pytest.raises(SystemExit, match="--device cuda"):
-        transformer.measure(str(tmp_path / "none.pt"), str(tmp_path), parsed)
+        generate.measure(str(tmp_path / "none.pt"), str(tmp_path), parsed)

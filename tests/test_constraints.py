@@ -25,9 +25,9 @@ from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
 from beamplugin.engine.choice import open_engine
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import int8_weights
 from beamplugin.search.constraint_states import ROOT, ConstraintStates
-from beamplugin.streams import IteratorSource, run, sentence_request
+from beamplugin.streams import IteratorSource, run, sentence_request, translate
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
 
@@ -174,7 +174,7 @@ def test_constraints_not_met_fail_their_sentence_alone(
 def test_int8_stream_equals_each_sentence_alone(vocab, models, sentences, monkeypatch):
     """--int8 (every product of the tiny model in int8): constrained and unconstrained
     sentences in one stream, each bit for bit what it gets alone."""
-    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)
     model = copy.deepcopy(models["convs2s"][0])
     assert cast_for_decoding([model], "int8") == torch.float32
     gen = generator(model, vocab, "unordered", beam_size=4, max_len_b=12)
@@ -191,6 +191,27 @@ def test_int8_stream_equals_each_sentence_alone(vocab, models, sentences, monkey
                              constraints=pack_constraints([[torch.tensor(c)
                                                             for c in CONSTRAINTS[i]]]))  # fmt: skip
         assert_identical(alone, [results[i].hypotheses])
+
+
+def test_translate_takes_each_sentences_constraints_with_it(vocab, models, sentences):
+    """The stream API: a sentence given with its constraints gets what it gets alone under
+    them, one given without any what the plain search gives it, in one stream."""
+    model = models["transformer"][0]
+    gen = generator(model, vocab, "ordered", beam_size=3, max_len_b=12)
+    count = 5
+    given = [(sentences[i], CONSTRAINTS[i]) if i % 2 == 0 else sentences[i] for i in range(count)]
+    results = dict(translate(gen, given, max_sentences=2, ordered=True))
+    assert sorted(results) == list(range(count))
+    plain = SequenceGenerator([model], vocab, beam_size=3, max_len_b=12)
+    for i in range(count):
+        if i % 2:
+            alone = plain.generate(None, one_sentence(sentences[i]))
+        else:
+            packed = pack_constraints([[torch.tensor(c) for c in CONSTRAINTS[i]]])
+            alone = gen.generate(None, one_sentence(sentences[i]), constraints=packed)
+            for hypothesis in results[i]:
+                assert all(_contains(hypothesis["tokens"].tolist(), c) for c in CONSTRAINTS[i])
+        assert_identical(alone, [results[i]])
 
 
 def _contains(tokens: list[int], constraint: list[int]) -> bool:

@@ -14,7 +14,7 @@ from toy_sources import left_padded_sources
 
 from beamplugin.models.convs2s import ConvS2SModel
 from beamplugin.modules import parse_attention_spec, parse_layer_spec
-from beamplugin.modules.linear import uses_packed_products
+from beamplugin.modules.packed_weights import uses_packed_products
 
 pytestmark = pytest.mark.exact  # run again per instruction set by make test
 

@@ -239,7 +239,7 @@ def test_auto_keeps_the_other_engine_on_the_cpu(vocab):
 def test_float32_products_in_fixed_chunks_give_a_row_the_same_bits_whatever_its_neighbours():
     """What float32 products on a GPU go through (cuBLAS picks its algorithm by the row count):
     chunks of exactly ROW_CHUNK rows, the last padded."""
-    from beamplugin.modules.linear import ROW_CHUNK, rows_in_chunks
+    from beamplugin.modules.plain_linear import ROW_CHUNK, rows_in_chunks
 
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)

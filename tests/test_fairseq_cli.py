@@ -22,6 +22,7 @@ from server_tools import Server
 
 import beamplugin  # noqa: F401  (the safe loader reads the trained checkpoint below)
 from beamplugin.fairseq_plugin.precision import native_on_cpu
+from beamplugin.kernels import float_products
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +176,104 @@ def test_interactive_with_constraints_prints_fairseqs_hypotheses(trained_transfo
         (text,) = [line[2] for line in mine[sentence_id] if line[0] == "H"][:1]
         for constraint in filter(None, wanted.split("\t")):
             assert f" {constraint} " in f" {text} ", (sentence_id, constraint, text)
+
+
+def test_interactive_refuses_a_line_whose_constraints_cannot_be_met_and_translates_the_rest(
+    trained_transformer,
+):
+    """A line whose constraints cannot fit in the maximum length, where fairseq's generator
+    fails the whole run: its E- line, exit status 3, and the other lines of its batch get what
+    fairseq's generator gives them without it."""
+    data, ckpt = trained_transformer
+    common = ["fairseq-interactive", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
+              "--beam", "4", "--cpu", "-s", "de", "-t", "en", "--buffer-size", "10",
+              "--batch-size", "3", "--constraints", "unordered", "--max-len-b", "6"]  # fmt: skip
+    lines = ["w1 w2 w3\tw3", "w5\tw1 w2 w3 w4 w5 w6 w7", "w7 w8\tw8", "w3 w2\tw2"]
+    ours = run_tool(*common, "--task", "beam_translation", stdin="\n".join(lines) + "\n",
+                    check=False)  # fmt: skip
+    good = [line for index, line in enumerate(lines) if index != 1]
+    fairseq = run_tool(*common, "--task", "translation", stdin="\n".join(good) + "\n")
+    assert ours.returncode == 3, ours.stderr[-2000:]
+    assert re.search(r"^E-1\t.*constraints of 7 tokens", ours.stdout, flags=re.M), ours.stdout
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    assert [line[0] for line in mine[1]] == ["S"]
+    for ours_id, fairseq_id in ((0, 0), (2, 1), (3, 2)):
+        assert_same_lines(mine[ours_id], reference[fairseq_id])
+
+
+def _test_set_constraints(data: Path) -> list[str]:
+    """Constraints for each sentence of the toy test set (data/../test.en beside data): words of
+    its reference, one, two or a two-word phrase, none for every fourth, and for every
+    seventh a word it lacks."""
+    references = (data.parent / "test.en").read_text().splitlines()
+    constraints = []
+    for index, words in enumerate(line.split() for line in references):
+        if index % 4 == 3:
+            constraints.append("")
+        elif index % 7 == 6:
+            constraints.append(f"w39\t{words[0]}")
+        elif index % 3 == 0 and len(words) > 2:
+            constraints.append(f"{words[1]} {words[2]}\t{words[0]}")
+        else:
+            constraints.append(words[-1])
+    return constraints
+
+
+# each model and each order once (tests/test_constraints.py: the search's every combination)
+@pytest.mark.parametrize(
+    "model, order", [("trained", "ordered"), ("trained_transformer", "unordered")],
+    ids=["convs2s-ordered", "transformer-unordered"],
+)  # fmt: skip
+def test_generate_with_a_constraints_file_prints_fairseqs_constrained_hypotheses(
+    model, order, request, tmp_path
+):
+    """fairseq-generate --constraints through our task, the binarized test set's constraints
+    from --constraints-file, prints (H and P lines, scores at their printed precision) what
+    fairseq's own generator prints for the same sentences and constraints in
+    fairseq-interactive with fairseq's translation task."""
+    data, ckpt = request.getfixturevalue(model)
+    constraints = _test_set_constraints(data)
+    path = tmp_path / "test.constraints"
+    path.write_text("".join(c + "\n" for c in constraints))
+    common = ["--user-dir", "beamplugin", "--path", str(ckpt), "--beam", "4", "--cpu",
+              "--batch-size", "16", "--constraints", order]  # fmt: skip
+    ours = run_tool(
+        "fairseq-generate", str(data), *common, "--task", "beam_translation", "--gen-subset",
+        "test", "--constraints-file", str(path),
+    )  # fmt: skip
+    sources = (data.parent / "test.de").read_text().splitlines()
+    stdin = "".join(f"{s}\t{c}\n" if c else f"{s}\n" for s, c in zip(sources, constraints,
+                                                                      strict=True))  # fmt: skip
+    fairseq = run_tool(
+        "fairseq-interactive", str(data), *common, "--task", "translation", "-s", "de", "-t",
+        "en", "--buffer-size", "100", stdin=stdin,
+    )  # fmt: skip
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    assert sorted(mine) == sorted(reference) == list(range(N_TEST))
+    for sentence_id in reference:
+        assert_same_lines(
+            [line for line in mine[sentence_id] if line[0] in "HP"],
+            [line for line in reference[sentence_id] if line[0] in "HP"],
+        )
+    assert "served by fairseq's own" not in ours.stderr + ours.stdout
+    met = [all(f" {c} " in f" {mine[i][2][2]} " for c in wanted.split("\t"))
+           for i, wanted in enumerate(constraints) if wanted]  # fmt: skip
+    assert sum(met) >= 0.9 * len(met)  # the constraints were in force
+
+
+def test_a_constraints_file_of_another_length_is_refused_naming_it(trained, tmp_path):
+    data, ckpt = trained
+    path = tmp_path / "short.constraints"
+    path.write_text("w1\n")
+    out = run_tool(
+        "fairseq-generate", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "--path", str(ckpt), "--cpu", "--gen-subset", "test", "--constraints", "ordered",
+        "--constraints-file", str(path), check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert f"--constraints-file {path} has 1 lines for the split's {N_TEST} sentences" in (
+        out.stderr
+    )
 
 
 def test_hub_translate_of_a_transformer_decodes_with_our_generator_when_asked(
@@ -394,6 +493,15 @@ def _hypotheses(output: str) -> dict[int, tuple[float, str]]:
     return found
 
 
+# what the log says --bf16 runs: float32 models on bfloat16 weights where our kernel runs, else
+# the models cast
+BF16_FORM = (
+    "products on bfloat16 weights"
+    if float_products.bf16_weights_available()
+    else "models in torch.bfloat16"
+)
+
+
 @pytest.mark.skipif(
     not native_on_cpu(torch.bfloat16), reason="without bfloat16 products --bf16 runs float32"
 )
@@ -406,13 +514,14 @@ def test_generate_with_bf16_decodes_in_bfloat16(trained):
               "--batch-size", "16", "--gen-subset", "test"]  # fmt: skip
     bf16 = run_tool(*common, "--bf16")
     float32 = run_tool(*common)
-    assert "decoding in bf16 (models in torch.bfloat16)" in bf16.stderr + bf16.stdout
+    said = bf16.stderr + bf16.stdout
+    assert "decoding in bf16" in said and BF16_FORM in said
     ours, reference = _hypotheses(bf16.stdout), _hypotheses(float32.stdout)
     assert sorted(ours) == sorted(reference) == list(range(N_TEST))
     same = [i for i in reference if ours[i][1] == reference[i][1]]
     assert len(same) >= 0.8 * N_TEST, f"{len(same)} of {N_TEST} translations equal"
     gaps = [abs(ours[i][0] - reference[i][0]) for i in same]
-    assert max(gaps) > 0, "bf16 scores equal float32's: the models were not cast"
+    assert max(gaps) > 0, "bf16 scores equal float32's: the models did not run in bfloat16"
     assert max(gaps) < 0.05, max(gaps)
 
 
@@ -427,7 +536,8 @@ def test_interactive_with_bf16_answers_every_line(trained):
         "--task", "beam_translation", "--path", str(ckpt), "--beam", "3", "--cpu", "--bf16",
         "--source-lang", "de", "--target-lang", "en", stdin="\n".join(lines) + "\n",
     )  # fmt: skip
-    assert "decoding in bf16 (models in torch.bfloat16)" in out.stderr + out.stdout
+    said = out.stderr + out.stdout
+    assert "decoding in bf16" in said and BF16_FORM in said
     assert _hypothesis_ids(out.stdout) == list(range(len(lines)))
 
 

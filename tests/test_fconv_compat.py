@@ -79,8 +79,8 @@ def test_named_architectures_have_fconvs_options_names_and_shapes(toy_dictionary
 def test_fconv_state_dict_gives_the_same_outputs(toy_dictionary, shape, source_lengths):
     """Up to float rounding, in the full pass and step by step: the weights mean the same in
     both models (a misplaced or mis-scaled weight moves outputs by far more). Not bit for bit:
-    our inference products take oneDNN's packed weights, which give a row the same bits
-    whatever rows share its product, where fconv's go through MKL (beamplugin.modules.linear)."""
+    our inference products take packed weights, which give a row the same bits whatever rows
+    share its product, where fconv's go through MKL (beamplugin.modules.packed_weights)."""
     fconv = fconv_with_random_weights(toy_dictionary, **SMALL_SHAPES[shape])
     ours = convs2s_loaded_from(fconv, toy_dictionary, **SMALL_SHAPES[shape])
     src = left_padded_sources(toy_dictionary, source_lengths)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from beamplugin.kernels import float_products, instruction_sets, native_library
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import packed_weights
 
 pytestmark = pytest.mark.exact  # run again per instruction set by make test
 
@@ -31,8 +31,8 @@ def weights(shape: tuple[int, int], seed: int = 0) -> tuple[torch.Tensor, torch.
 @needs_compiler
 def test_the_kernel_is_built_and_taken_for_float32():
     assert float_products.available()
-    assert torch.float32 in linear_module.packed_dtypes()
-    assert isinstance(linear_module.pack_weight(torch.randn(40, 8)), float_products.Panels)
+    assert torch.float32 in packed_weights.packed_dtypes()
+    assert isinstance(packed_weights.pack_weight(torch.randn(40, 8)), float_products.Panels)
 
 
 @needs_compiler
@@ -153,11 +153,11 @@ def test_without_the_kernel_products_take_torchs(how, tmp_path, monkeypatch, cap
                     "compiler fails": "out of luck"}[how]  # fmt: skip
         assert expected in caplog.text
         weight, bias = weights((1032, 256), seed=4)
-        packed = linear_module.pack_weight(weight)
+        packed = packed_weights.pack_weight(weight)
         assert not isinstance(packed, float_products.Panels)
         x = torch.randn(5, 256)
         with torch.no_grad():
-            out = linear_module.linear(x, weight, bias, lambda: packed)
+            out = packed_weights.packed_product(x, packed, bias)
         torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
         with pytest.raises(RuntimeError, match="unavailable"):
             float_products.product(x, float_products.pack(weight), bias)

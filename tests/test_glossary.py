@@ -46,39 +46,52 @@ def server(toy, tmp_path_factory):
     assert server.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def interactive(toy) -> dict[str, str]:
-    """fairseq-interactive --constraints unordered's best translation of each line (a
-    constraint after a tab)."""
-    lines = [f"{DOG}\tcat", f"{DOG_HERE}\tcat", NO_TERM, DOG]
+def interactive_hypotheses(toy, order: str, lines: list[str]) -> dict[str, list[tuple[float, str]]]:
+    """fairseq-interactive --constraints ``order``'s hypotheses of each line (constraints after
+    tabs), best first: (base-2 score, D- text)."""
     out = run_tool(
         "fairseq-interactive", "--user-dir", "beamplugin", "--task", "beam_translation",
-        *model_options(toy), "--constraints", "unordered", stdin="\n".join(lines) + "\n",
+        *model_options(toy), "--constraints", order, stdin="\n".join(lines) + "\n",
     ).stdout  # fmt: skip
-    best = {}
+    hypotheses: dict[str, list[tuple[float, str]]] = {}
     for line in out.splitlines():
         kind, _, rest = line.partition("\t")
-        if kind.startswith("D-") and lines[int(kind[2:])] not in best:
-            best[lines[int(kind[2:])]] = rest.split("\t")[1]
-    return best
+        if kind.startswith("D-"):
+            score, text = rest.split("\t")
+            hypotheses.setdefault(lines[int(kind[2:])], []).append((float(score), text))
+    return hypotheses
 
 
-def translate(server: Server, bodies: list[dict]) -> list[tuple[int, dict]]:
-    """Each body's answer to /translate, every one of them as the server's /spec (valid
-    OpenAPI) declares it."""
+@pytest.fixture(scope="module")
+def unordered(toy) -> dict[str, list[tuple[float, str]]]:
+    return interactive_hypotheses(toy, "unordered", [f"{DOG}\tcat", f"{DOG_HERE}\tcat", NO_TERM,
+                                                     DOG])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def interactive(unordered) -> dict[str, str]:
+    """fairseq-interactive --constraints unordered's best translation of each line."""
+    return {line: hypotheses[0][1] for line, hypotheses in unordered.items()}
+
+
+def translate(
+    server: Server, bodies: list[dict], path: str = "/translate"
+) -> list[tuple[int, dict]]:
+    """Each body's answer to ``path``, every one of them as the server's /spec (valid OpenAPI)
+    declares it."""
 
     async def scenario() -> tuple[dict, list[tuple[int, dict]]]:
         async with aiohttp.ClientSession() as session:
             spec = await status_and_json(session.get(server.url + "/spec"))
             return spec[1], [
-                await status_and_json(session.post(server.url + "/translate", json=body))
+                await status_and_json(session.post(server.url + path, json=body))
                 for body in bodies
             ]
 
     spec, answers = asyncio.run(asyncio.wait_for(scenario(), 60))
     validate(spec)
     for status, answer in answers:
-        check_against_spec(spec, "post", "/translate", (status, "application/json", answer))
+        check_against_spec(spec, "post", path, (status, "application/json", answer))
     return answers
 
 
@@ -115,6 +128,63 @@ def test_terms_found_put_their_targets_in_and_are_named(server, interactive):
     assert document["glossaryApplied"] == applied
     both = [interactive[f"{DOG}\tcat"], interactive[f"{DOG_HERE}\tcat"]]
     assert document == {"translatedText": "\n".join(both), "glossaryApplied": applied}
+
+
+def test_nbest_endpoint_takes_the_glossary_as_translate_does(server, unordered):
+    """/v1/translate: each sentence's hypotheses (texts and base-2 scores) are
+    fairseq-interactive --constraints's, with the terms found named per sentence."""
+    sentences = [DOG, DOG_HERE, NO_TERM]
+    bodies = [
+        {"sentences": sentences, "nbest": 2, "glossary": [HUND_CAT]},
+        {"sentences": [DOG_HERE], "glossary": "animals"},
+        {"sentences": [DOG], "nbest": 2},
+        {"sentences": [DOG], "glossary": [HUND_CAT] * 2},
+    ]
+    answers = translate(server, bodies, "/v1/translate")
+    assert [status for status, _ in answers] == [200, 200, 200, 400], answers
+    (_, terms), (_, named), (_, plain), (_, bad) = answers
+    applied = [{"source": "hund", "target": "cat"}]
+    wanted = [unordered[f"{DOG}\tcat"], unordered[f"{DOG_HERE}\tcat"], unordered[NO_TERM]]
+    for translation, expected, found in zip(terms["translations"], wanted,
+                                            [applied, applied, []], strict=True):  # fmt: skip
+        assert translation["glossaryApplied"] == found
+        hypotheses = translation["hypotheses"]
+        assert [h["text"] for h in hypotheses] == [text for _, text in expected]
+        assert [h["score"] for h in hypotheses] == pytest.approx([s for s, _ in expected],
+                                                                 rel=1e-6)  # fmt: skip
+    assert named["translations"][0]["hypotheses"][0] == terms["translations"][1]["hypotheses"][0]
+    assert named["translations"][0]["glossaryApplied"] == applied
+    (translation,) = plain["translations"]
+    assert "glossaryApplied" not in translation
+    assert [h["text"] for h in translation["hypotheses"]] == [t for _, t in unordered[DOG]]
+    assert bad == {"error": "'glossary' item 1: the source term 'hund' is there twice"}
+
+
+def test_ordered_constraints_follow_the_sentence_not_the_glossary(toy):
+    """With --constraints ordered, the target terms go in as the source terms stand in the
+    sentence (whatever the glossary's order), as fairseq-interactive --constraints ordered
+    with those targets after tabs in that order."""
+    line = "die frau lacht oft"
+    reference = interactive_hypotheses(toy, "ordered", [f"{line}\tdog\tsings"])
+    server = Server(model_options(toy) + ["--constraints", "ordered"])
+    try:
+        glossary = [{"source": "lacht", "target": "sings"}, {"source": "frau", "target": "dog"}]
+        plain = {"source": "de", "target": "en", "split_sentences": False, "q": line}
+        (status, answer), (nbest_status, nbest) = [
+            translate(server, [{**plain, "glossary": glossary}])[0],
+            translate(server, [{"sentences": [line], "nbest": 2, "glossary": glossary}],
+                      "/v1/translate")[0],
+        ]  # fmt: skip
+    finally:
+        assert server.stop() == 0
+    expected = reference[f"{line}\tdog\tsings"]
+    assert status == nbest_status == 200
+    assert answer == {"translatedText": expected[0][1],
+                      "glossaryApplied": [glossary[1], glossary[0]]}  # fmt: skip
+    hypotheses = nbest["translations"][0]["hypotheses"]
+    assert [h["text"] for h in hypotheses] == [text for _, text in expected]
+    words = expected[0][1].split()
+    assert words.index("dog") < words.index("sings")
 
 
 def test_bad_glossaries_get_400(server):

@@ -25,7 +25,7 @@ import torch
 from beamplugin.kernels import float_products, instruction_sets, native_library, trials
 from beamplugin.kernels.instruction_sets import AVX2, AVX512, GENERIC, NEON, SETS
 from beamplugin.kernels.trials import Trial
-from beamplugin.modules import linear
+from beamplugin.modules import packed_weights
 
 CC = os.environ.get("CC", "cc")
 CROSS = "aarch64-linux-gnu-gcc"  # Debian's gcc-aarch64-linux-gnu (make test installs it)
@@ -188,15 +188,15 @@ def test_a_weight_whose_verdict_is_torchs_is_laid_out_for_torch(kernels_for, tmp
     kernels_for("")
     weight = torch.randn(96, 40)
     folder = tmp_path / "trials"
-    assert isinstance(linear.pack_weight(weight), float_products.Panels)  # ours wins here
+    assert isinstance(packed_weights.pack_weight(weight), float_products.Panels)  # ours wins here
     (verdict,) = folder.glob("*/products-torch.float32x96x40.txt")
     verdict.write_text("torch 1.5 1.5\n")
     native_library.forget()
-    packed = linear.pack_weight(weight)
+    packed = packed_weights.pack_weight(weight)
     assert isinstance(packed, torch.Tensor) and not isinstance(packed, float_products.Panels)
     x = torch.randn(7, 40)
     with torch.no_grad():
-        out = linear.linear(x, weight, None, lambda: packed)
+        out = packed_weights.packed_product(x, packed, None)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
@@ -211,7 +211,7 @@ def test_int8_sums_are_exact_with_8_bit_weights_wherever_they_can_be(ours):
         pytest.skip("this CPU cannot run AVX2 code")
     code = textwrap.dedent("""
         import torch
-        from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
+        from beamplugin.modules.int8_weights import int8_linear, int8_weight_levels, pack_int8
         full = torch.full((5, 256), 127, dtype=torch.int8)
         print(torch._int_mm(full, full.t())[0, 0].item() == 127 * 127 * 256)
         print(int8_weight_levels())

@@ -27,9 +27,9 @@ from precision_bounds import N_SENTENCES, SCORE_TOLERANCE
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import int8_weights, prepared_linear
 from beamplugin.modules.convolution import CausalConvolution, TBCConvolution
-from beamplugin.modules.linear import int8_linear, int8_weight_levels, pack_int8
+from beamplugin.modules.int8_weights import int8_linear, int8_weight_levels, pack_int8
 
 # vocab, one_thread and sentences: conftest.py's module-scoped fixtures
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
@@ -46,14 +46,14 @@ def convs2s(vocab):
 
 @pytest.fixture
 def levels(request, monkeypatch) -> int:
-    monkeypatch.setattr(linear_module, "int8_weight_levels", lambda: request.param)
+    monkeypatch.setattr(int8_weights, "int8_weight_levels", lambda: request.param)
     return request.param
 
 
 def in_int8(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> torch.nn.Module:
     """A copy of ``model`` with every product in int8 (the test models' weights are all below
     INT8_MIN_WEIGHTS)."""
-    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)
     model = copy.deepcopy(model)
     assert cast_for_decoding([model], "int8") == torch.float32
     return model
@@ -103,7 +103,7 @@ def test_int8_convolution_is_conv_tbc_within_quantization_error_and_per_sentence
     """Under int8 the encoder's convolutions (and the decoder's full pass) multiply every
     output frame's window of input frames by the linearized weight, one quantization scale per
     window: a sentence's frames come out the same whatever sentences share the batch."""
-    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)
     torch.manual_seed(2)
     width = {"width 4": 4, "width 1": 1}.get(kind, 3)
     conv = (CausalConvolution if kind == "causal" else TBCConvolution)(16, 32, width).eval()
@@ -170,7 +170,8 @@ def test_int8_products_translate_as_float32_on_most_sentences(vocab, convs2s, mo
     reference = SequenceGenerator([convs2s], vocab, **options).generate(None, sample)
     model = in_int8(convs2s, monkeypatch)
     calls = []
-    monkeypatch.setattr(linear_module, "int8_linear", lambda *a: calls.append(1) or int8_linear(*a))
+    counted = lambda *a: calls.append(1) or int8_linear(*a)  # noqa: E731
+    monkeypatch.setattr(prepared_linear, "int8_linear", counted)
     out = SequenceGenerator([model], vocab, **options).generate(None, sample)
     assert calls, "no int8 product was made"
     same = [

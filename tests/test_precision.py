@@ -1,4 +1,6 @@
-"""Decoding in bfloat16: the models compute in it, the search in float32.
+"""Decoding in bfloat16: the models' products multiply bfloat16 weights (float32 rows rounded
+to bfloat16 on our AVX512-BF16 kernel; elsewhere the models cast to bfloat16), the search in
+float32.
 
 On sharp random models (the generator's tests' ones) bfloat16 decoding gives the float32
 translation for most sentences, with scores within bfloat16's rounding; the search step reads
@@ -34,7 +36,7 @@ from beamplugin.fairseq_plugin.precision import (
     native_on_cpu,
     requested_precision,
 )
-from beamplugin.kernels import native_library
+from beamplugin.kernels import float_products, native_library
 from beamplugin.search import beam_step
 
 # vocab, one_thread and sentences: conftest.py's module-scoped fixtures
@@ -45,9 +47,15 @@ needs_bf16 = pytest.mark.skipif(
 )
 
 
+def activations() -> torch.dtype:
+    """What --bf16's models compute in with this process's kernels: float32 on bfloat16 weights
+    where our kernel runs, else bfloat16."""
+    return torch.float32 if float_products.bf16_weights_available() else torch.bfloat16
+
+
 def in_bf16(model: torch.nn.Module) -> torch.nn.Module:
     model = copy.deepcopy(model)
-    cast_for_decoding([model], "bf16")
+    assert cast_for_decoding([model], "bf16") == activations()
     return model
 
 
@@ -64,7 +72,7 @@ def test_bf16_translations_equal_float32_on_most_sentences(vocab, arch):
     options = dict(beam_size=5, max_len_b=20)
     reference = SequenceGenerator([model], vocab, **options).generate(None, sample)
     half = in_bf16(model)
-    assert next(half.parameters()).dtype == torch.bfloat16
+    assert next(half.parameters()).dtype == activations()
     out = SequenceGenerator([half], vocab, **options).generate(None, sample)
     same = [
         (r[0], o[0])
@@ -92,7 +100,7 @@ def test_search_reads_float32_log_probs_and_picks_as_fairseq(vocab, convs2s):
         encoder_outs = gen.model.encode(net_input)
         lprobs, _ = gen.model.decode_step(tokens, encoder_outs, [{}], temperature=1.0)
         logits, _ = half.decoder(tokens, encoder_out=encoder_outs[0], incremental_state={})
-    assert logits.dtype == torch.bfloat16 and lprobs.dtype == torch.float32
+    assert logits.dtype == activations() and lprobs.dtype == torch.float32
     assert torch.equal(lprobs, F.log_softmax(logits[:, -1].float(), dim=-1))
     g = torch.Generator().manual_seed(4)
     for beam, step in [(1, 0), (4, 0), (4, 3), (3, 7)]:
@@ -140,12 +148,12 @@ def test_cached_inference_weights_follow_the_cast(vocab, convs2s):
     fc3 = model.decoder.fc3
     with torch.inference_mode():
         assert fc3.weight.dtype == torch.float32
-        cast_for_decoding([model], "bf16")
+        model.to(torch.bfloat16)
         assert fc3.weight.dtype == torch.bfloat16
         folded = torch._weight_norm(fc3.weight_v.float(), fc3.weight_g.float(), 0)
         assert torch.equal(fc3.weight, folded.bfloat16())  # one rounding, from float32
     gen.generate(None, sample)
-    cast_for_decoding([model], "float32")
+    model.to(torch.float32)
     model.load_state_dict(convs2s.state_dict())
     assert_same(before, gen.generate(None, sample))
 
@@ -201,12 +209,12 @@ def test_bf16_decodes_in_float32_where_its_trial_finds_it_slower(vocab, kernels_
     _cast_and_decode(model, vocab, sample, caplog)
     (kept,) = tmp_path.glob(f"trials/*/{precision.BF16_TRIAL}-*.txt")
     for verdict, dtype, said in [("torch 1.500 1.400 1.600", torch.float32, 1),
-                                 ("ours 0.700 0.600 0.800", torch.bfloat16, 0)]:  # fmt: skip
+                                 ("ours 0.700 0.600 0.800", activations(), 0)]:  # fmt: skip
         kept.write_text(verdict + "\n")
         native_library.forget()  # a later process: it reads the verdict, times nothing
         cast_dtype, out, fallbacks = _cast_and_decode(model, vocab, sample, caplog)
         assert (cast_dtype, fallbacks) == (dtype, said)
-        if dtype == torch.float32:
+        if said:
             assert_identical(expected, out)
         else:
             assert not torch.equal(out[0][0]["positional_scores"],

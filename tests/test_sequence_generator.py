@@ -19,7 +19,7 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.modules import MemoryPool
-from beamplugin.modules.linear import uses_packed_products
+from beamplugin.modules.packed_weights import uses_packed_products
 
 # the models are builders.py's; the fixtures vocab, models and one_thread conftest.py's
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]

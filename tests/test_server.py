@@ -356,6 +356,54 @@ def test_page_and_docs_in_a_real_browser(server, interactive, tmp_path):
                           "/download_file/{key}/{name}"}  # fmt: skip
 
 
+def test_the_page_file_tab_uploads_a_file_and_offers_its_translation(server, tmp_path):
+    """Headless chromium: on the page's file tab a .txt file chosen and sent comes back as a
+    download link to the file /translate_file translated (its text as /translate translates
+    it); a file of a format not translated shows the server's error inline."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    text = f"{LINES[6].capitalize()}. {LINES[7].capitalize()}!\n\n{LINES[8].capitalize()}.\n"
+    notes, pdf = tmp_path / "notes.txt", tmp_path / "a.pdf"
+    notes.write_text(text)
+    pdf.write_bytes(b"%PDF-1.4")
+    browser = chromium(tmp_path)
+    wait = WebDriverWait(browser, 60)
+    try:
+        browser.get(server.url + "/")
+        wait.until(lambda b: b.find_element(By.ID, "target").get_attribute("value"))
+        assert not browser.find_element(By.ID, "file").is_displayed()
+        browser.find_element(By.ID, "tab-file").click()
+        assert not browser.find_element(By.ID, "text").is_displayed()
+        browser.find_element(By.ID, "file").send_keys(str(notes))
+        browser.find_element(By.ID, "translate-file").click()
+        wait.until(lambda b: b.find_element(By.ID, "download").is_displayed())
+        url = browser.find_element(By.ID, "download").get_attribute("href")
+        status = browser.find_element(By.ID, "status").text
+        browser.find_element(By.ID, "file").send_keys(str(pdf))
+        browser.find_element(By.ID, "translate-file").click()
+        wait.until(lambda b: b.find_element(By.ID, "error").text)
+        error = browser.find_element(By.ID, "error").text
+        link_hidden = not browser.find_element(By.ID, "download").is_displayed()
+    finally:
+        browser.quit()
+
+    async def download() -> bytes:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url) as response:
+                assert response.status == 200
+                return await response.read()
+
+    assert url.startswith(server.url + "/download_file/") and url.endswith("/notes.txt")
+    [(code, answer)] = post_all(server.url, [("/translate", {"q": text, "source": "de",
+                                                             "target": "en"})])  # fmt: skip
+    assert code == 200
+    assert asyncio.run(download()).decode() == answer["translatedText"]
+    assert re.fullmatch(r"notes\.txt in \d+ ms", status), status
+    assert error.startswith("400: 'file': .pdf is not translated")
+    assert link_hidden
+
+
 # the decoder thread ends with the model's error, as it should: its traceback is the log
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_failing_model_answers_500_and_health_says_failed(toy):

@@ -77,6 +77,20 @@ def test_a_text_comes_back_as_its_sentences_translated_alone_in_its_own_shape(se
     assert one["translatedText"] == answer["translatedText"][0]
 
 
+def test_a_document_counts_as_one_text_however_many_sentences_it_has(server):
+    """--max-request-sentences (64 here) counts the texts of a request, not their sentences:
+    a document of 70 sentences comes back as they are translated alone (its sentences go to
+    the engine in windows); 65 texts are refused."""
+    sentences = [f"{S[i % len(S)]}." for i in range(70)]
+    pair = {"source": "de", "target": "en"}
+    [(status, answer), too_many] = post(server.url, [{"q": " ".join(sentences), **pair},
+                                                     {"q": [S[0]] * 65, **pair}])  # fmt: skip
+    reference = [text for half in (sentences[:35], sentences[35:])
+                 for text in alone(server.url, half)["translatedText"]]  # fmt: skip
+    assert (status, answer) == (200, {"translatedText": " ".join(reference)})
+    assert too_many == (400, {"error": "65 texts: a request has 1 to 64"})
+
+
 def test_split_sentences_false_sends_a_text_as_one_sentence(server):
     text = f"{S[8]}. {S[9]}."
     [(status, answer)] = post(server.url, [{"q": text, "source": "de", "target": "en",

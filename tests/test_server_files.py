@@ -1,10 +1,10 @@
 """Files through beamplugin-serve for real (a server process on 127.0.0.1 with the tests' toy
 model): ``POST /translate_file`` answers with a URL from which a file of the same format comes,
-opened here by its own library (srt, lxml, python-docx): a text file translated as
-``/translate`` translates the text, an HTML file with the same tag tree, a subtitle file with
-the same cues and timings, each cue translated as one sentence, a Word file with the same
-paragraphs and runs; a file too large gets 413, one that is not a file to translate 400. And
-what is kept for download expires."""
+opened here by its own library (srt, lxml, python-docx, odfdo): a text file translated as
+``/translate`` translates the text, an HTML file with the same tag tree, a subtitle file with the
+same cues and timings, each cue translated as one sentence, a Word file with the same paragraphs and
+runs (headers and footers translated too), an OpenDocument text with the same elements; a file too
+large gets 413, one that is not a file to translate 400. And what is kept for download expires."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import io
 
 import aiohttp
 import docx
+import odfdo
 import pytest
 import srt
 from html_tools import tag_tree
@@ -107,6 +108,8 @@ def test_a_subtitle_file_keeps_its_cues_and_timings_and_has_each_cue_translated(
 
 def test_a_word_file_keeps_its_runs_and_tables_and_has_each_paragraph_translated(server):
     document = docx.Document()
+    document.sections[0].header.paragraphs[0].text = f"{S[2]}."
+    document.sections[0].footer.paragraphs[0].text = f"{S[3]}!"
     document.add_heading(S[13], level=1)
     paragraph = document.add_paragraph(f"{S[14]} ")
     paragraph.add_run(LINES[15]).bold = True  # its own run, in the middle of a sentence
@@ -121,12 +124,53 @@ def test_a_word_file_keeps_its_runs_and_tables_and_has_each_paragraph_translated
     shape = [[(run.bold, run.style.name) for run in p.runs] for p in document.paragraphs]
     assert [[(run.bold, run.style.name) for run in p.runs] for p in back.paragraphs] == shape
     assert [p.style.name for p in back.paragraphs] == [p.style.name for p in document.paragraphs]
-    texts = [p.text for p in document.paragraphs] + [f"{S[17]}."]
+    texts = [p.text for p in document.paragraphs] + [f"{S[17]}.", f"{S[2]}.", f"{S[3]}!"]
     reference = translate(server.url, {"q": texts})["translatedText"]
     cells = back.tables[0].rows[0].cells
-    assert [p.text for p in back.paragraphs] + [cells[1].text] == reference
+    section = back.sections[0]
+    assert [p.text for p in back.paragraphs] + [cells[1].text] + [
+        section.header.paragraphs[0].text, section.footer.paragraphs[0].text] == reference
     assert back.paragraphs[2].text == "42" and cells[0].text == ""
     assert all(run.text for run in back.paragraphs[1].runs)  # each run kept some words
+
+
+def _odt_shape(document: odfdo.Document) -> list[tuple[str, dict]]:
+    """Every element of the body with its attributes, in order: the file's structure, which
+    translation keeps."""
+    return [(e.tag, e.attributes) for e in document.body.get_elements("descendant::*")]
+
+
+def test_an_opendocument_text_keeps_its_elements_and_has_each_paragraph_translated(server):
+    document = odfdo.Document("text")
+    body = document.body
+    body.append(odfdo.Header(1, S[18]))
+    paragraph = odfdo.Paragraph(f"{S[19]} ")
+    paragraph.append(odfdo.Span(LINES[20], style="Strong_20_Emphasis"))  # inside a sentence
+    paragraph.append(f".  {S[21]}.")  # two blanks: odfdo writes a text:s
+    paragraph.append(odfdo.Note(note_id="ftn1", citation="1", body=f"{S[22]}."))
+    body.append(paragraph)
+    body.append(odfdo.Paragraph("42"))  # nothing to translate: copied
+    table = odfdo.Table("T", width=2, height=1)
+    table.set_value((1, 0), f"{S[23]}.")
+    body.append(table)
+    sent = io.BytesIO()
+    document.save(sent)
+    [(status, _, data, content_type)] = send(server.url, [("brief.odt", sent.getvalue())])
+    assert status == 200 and content_type == "application/vnd.oasis.opendocument.text"
+    back = odfdo.Document(io.BytesIO(data))
+    assert _odt_shape(back) == _odt_shape(document)
+    assert back.get_part("styles").serialize() == document.get_part("styles").serialize()
+    texts = [S[18], f"{S[19]} {LINES[20]}.  {S[21]}.", f"{S[22]}.", f"{S[23]}."]
+    heading, outer, note, cell = translate(server.url, {"q": texts})["translatedText"]
+    # the first: the empty paragraph of odfdo's template
+    paragraphs = back.body.get_elements("descendant::text:p | descendant::text:h")[1:]
+    assert paragraphs[0].text == heading
+    span = paragraphs[1].get_element("text:span")
+    assert span.text and paragraphs[1].text  # each slot kept some words
+    without_note = paragraphs[1].clone
+    without_note.get_element("text:note").delete()
+    assert " ".join(str(without_note).split()) == " ".join(outer.split())
+    assert [str(p).strip() for p in paragraphs[2:]] == [note, "42", cell]
 
 
 def test_files_too_large_or_not_to_translate_get_a_clear_413_or_400(server):
@@ -135,18 +179,21 @@ def test_files_too_large_or_not_to_translate_get_a_clear_413_or_400(server):
         ("big.txt", over.encode()), ("a.pdf", b"%PDF-1.4"), ("README", b"Hallo."),
         ("empty.txt", b" \n\n"), ("latin1.txt", "Grüße.".encode("latin-1")),
         ("broken.srt", b"1\nnot a timing\nHallo.\n"), ("broken.docx", b"PK\x03\x04 no zip"),
+        ("broken.odt", b"PK\x03\x04 no zip"), ("empty.odt", b""),
     ])  # fmt: skip
     assert [(status, answer) for status, answer, *_ in answers] == [
         (413, {"error": f"the file is too large: a request may have at most {BODY_LIMIT} bytes "
                         "(--max-body-bytes)"}),
         (400, {"error": "'file': .pdf is not translated; these are: .txt, .html, .htm, .srt, "
-                        ".docx"}),
+                        ".docx, .odt"}),
         (400, {"error": "'file': a name without extension is not translated; these are: "
-                        ".txt, .html, .htm, .srt, .docx"}),
+                        ".txt, .html, .htm, .srt, .docx, .odt"}),
         (400, {"error": "'file' is empty: there is nothing to translate"}),
         (400, {"error": "'file' is not valid UTF-8: byte 0xfc at 2"}),
         (400, {"error": answers[5][1]["error"]}),
         (400, {"error": answers[6][1]["error"]}),
+        (400, {"error": "'file' is not an OpenDocument text (.odt)"}),
+        (400, {"error": "'file' is not an OpenDocument text (.odt)"}),
     ]  # fmt: skip
     assert answers[5][1]["error"].startswith("'file' is not a SubRip file")
     assert answers[6][1]["error"].startswith("'file' is not a .docx document")

@@ -8,11 +8,16 @@ live hypotheses can enter its n-best, and not later.
   positive length penalties, one batch at a time and with sentences joining mid-search.
 * Each sentence stops at the first step at which that best score is no higher than the worst
   hypothesis it keeps.
+* It takes no step after that: its steps, counted in the engine, end at the first step at which
+  its n-best is final, found from a search that never stops early, not from the engine's n-best
+  keeper or stopping rule (a keeper that reported its best score as its worst, or a looser
+  bound, fails here).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -24,6 +29,7 @@ from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
 from beamplugin.engine.finalizer import Finalizer
 from beamplugin.search import length_normaliser
+from beamplugin.search.nbest import NBest
 from beamplugin.search.options import DecodingOptions
 from beamplugin.search.stopping import best_possible
 from beamplugin.streams import IteratorSource, run, sentence_request
@@ -174,3 +180,94 @@ def test_a_sentence_stops_as_soon_as_the_bound_allows(
                 early += sentence.key in done and not at_max
     # a length bonus (len_penalty > 0) keeps these sentences searching to their maximum length
     assert early > 0 or len_penalty > 0
+
+
+class StepRecord(NamedTuple):
+    """One step of one sentence, as the finalizer saw it: its step, its best live cumulative
+    score after it, its maximum length, and the scores of the hypotheses that ended in it."""
+
+    step: int
+    best: float
+    max_len: int
+    ended: list[float]
+
+
+def recorded_steps(
+    gen: SequenceGenerator, sample: dict, capacity: int | None, monkeypatch: pytest.MonkeyPatch
+) -> dict[int, list[StepRecord]]:
+    """Every step each sentence of ``sample`` takes in the engine, and what ended in it."""
+    records: dict[int, list[StepRecord]] = {}
+    owners: dict[int, list[float]] = {}  # an n-best keeper's id: its sentence's step's ends
+    status, add = Finalizer.status, NBest.add
+
+    def recording_status(self, res, slots):
+        best = res.alive_scores[:, 0].tolist()
+        owners.clear()
+        for sentence, score in zip(slots.live, best, strict=True):
+            record = StepRecord(sentence.step, score, sentence.max_len, [])
+            records.setdefault(sentence.key, []).append(record)
+            owners[id(sentence.nbest)] = record.ended
+        return status(self, res, slots)
+
+    def recording_add(self, score, hypothesis):
+        owners[id(self)].append(score)
+        return add(self, score, hypothesis)
+
+    sentences = [utils.strip_pad(row, gen.pad) for row in sample["net_input"]["src_tokens"]]
+    engine = DecodingEngine.of(gen, max_sentences=capacity)
+    for i, tokens in enumerate(sentences):
+        request = sentence_request(i, tokens, None)
+        engine.check(request)
+        engine.enqueue(request)
+    with monkeypatch.context() as patch, torch.inference_mode():
+        patch.setattr(Finalizer, "status", recording_status)
+        patch.setattr(NBest, "add", recording_add)
+        while not engine.idle:
+            engine.admit_waiting()
+            engine.step()
+    return records
+
+
+def first_safe_step(records: list[StepRecord], beam: int, options: DecodingOptions) -> int:
+    """The first step after which no continuation can enter the sentence's n-best: its
+    ``beam`` best ended hypotheses so far are full and the worst of them scores at least the
+    bound (computed length by length); or its maximum length."""
+    ended: list[float] = []
+    for record in records:
+        ended.extend(record.ended)
+        kept = sorted(ended, reverse=True)[:beam]
+        worst = kept[-1] if len(kept) == beam else -math.inf
+        bound = bound_length_by_length(
+            torch.tensor([record.best]), [record.step], [record.max_len], options
+        ).item()
+        if record.step >= record.max_len or bound <= worst:
+            return record.step
+    raise AssertionError("the search went past every step it recorded")
+
+
+@pytest.mark.parametrize("capacity", [None, 3], ids=["static", "continuous"])
+@pytest.mark.parametrize("unk_penalty", UNK_PENALTIES, ids=lambda p: f"unk{p}")
+@pytest.mark.parametrize("len_penalty", LENGTH_PENALTIES, ids=lambda p: f"lenpen{p}")
+def test_exact_stopping_takes_no_step_after_the_n_best_is_final(
+    vocab, models, monkeypatch, capacity, unk_penalty, len_penalty
+):
+    """Each sentence takes exactly the steps up to the first one at which its n-best is final,
+    counted in the engine; that step is found from a search that never stops early (the same
+    beam), from every hypothesis that ended in it up to then and the bound, not from the
+    engine's n-best keeper or its stopping rule. Some sentences stop before their maximum
+    length (but with a length bonus)."""
+    model = models["convs2s"][0]
+    beam = 3
+    gen = SequenceGenerator(
+        [model], vocab, beam_size=beam, max_len_a=1.0, max_len_b=2, stopping="exact",
+        len_penalty=len_penalty, unk_penalty=unk_penalty,
+    )  # fmt: skip
+    sample = make_batch(vocab, 9, seed=23)
+    with monkeypatch.context() as patch:
+        never_stopping(patch)
+        full = recorded_steps(gen, sample, capacity, patch)
+    taken = recorded_steps(gen, sample, capacity, monkeypatch)
+    final = {key: first_safe_step(records, beam, gen.options) for key, records in full.items()}
+    assert {key: records[-1].step for key, records in taken.items()} == final
+    early = [key for key, records in full.items() if final[key] < records[-1].max_len]
+    assert early or len_penalty > 0

@@ -1,8 +1,8 @@
 """A transformer decoder step, and an encoder's layers, in one call of our kernels
 (beamplugin/kernels/native/transformer_layers.c): the bits of the same kernels called one at a
-time (post-norm), within float rounding of them (pre-norm, and int8's post-norm: our layer norm
-for torch's), the calls one at a time where a layer is not ours to run (gelu), bad inputs
-refused."""
+time (post-norm, and --bf16's bfloat16 weights), within float rounding of them (pre-norm, and
+int8's post-norm: our layer norm for torch's), the calls one at a time where a layer is not
+ours to run (gelu), bad inputs refused."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import int8_products, transformer_layers
+from beamplugin.kernels import float_products, int8_products, transformer_layers
 from beamplugin.models import transformer_weights
-from beamplugin.modules import linear
+from beamplugin.modules import int8_weights
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -44,22 +44,32 @@ def decode(vocab, sentences, model, monkeypatch, in_kernel: bool):
     return batch, streamed
 
 
-@pytest.mark.parametrize("kind", ["post-norm", "pre-norm", "int8"])
+@pytest.mark.parametrize("kind", ["post-norm", "pre-norm", "int8", "bf16"])
 def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, kind):
     options = dict(encoder_normalize_before=True, decoder_normalize_before=True)
     model = build_transformer(vocab, 1, **(options if kind == "pre-norm" else {}))
     if kind == "int8":
         if not int8_products.available():
             pytest.skip("no int8 kernel for this instruction set")
-        monkeypatch.setattr(linear, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
+        monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
         assert cast_for_decoding([model], "int8") == torch.float32
+    if kind == "bf16":
+        if not float_products.bf16_weights_available():
+            pytest.skip("no AVX512-BF16 here")
+        assert cast_for_decoding([model], "bf16") == torch.float32  # on bfloat16 weights
     one_call = decode(vocab, sentences, model, monkeypatch, in_kernel=True)
+    if kind == "bf16":  # the step's products really on bfloat16 weights
+        view = SequenceGenerator([model], vocab).model.models[0]
+        with torch.inference_mode():
+            view.encoder.forward_torchscript(make_batch(vocab, 1, seed=1)["net_input"])
+        step = view.decoder.weights.decoder_in_kernel
+        assert isinstance(step.layers[0].fc1.panels, float_products.Bf16Weights)
     one_at_a_time = decode(vocab, sentences, model, monkeypatch, in_kernel=False)
     for ours, theirs in zip([*one_call[0], *one_call[1]], [*one_at_a_time[0], *one_at_a_time[1]],
                             strict=True):  # fmt: skip
         for o, t in zip(ours, theirs, strict=True):
             assert torch.equal(o["tokens"], t["tokens"])
-            if kind != "post-norm":  # our layer norm (before or after the products) for torch's
+            if kind not in ("post-norm", "bf16"):  # our layer norm (before or after) for torch's
                 torch.testing.assert_close(o["positional_scores"], t["positional_scores"],
                                            rtol=0, atol=1e-5)  # fmt: skip
             else:  # the same kernels in the same order

@@ -25,7 +25,7 @@ from beamplugin import SequenceGenerator
 from beamplugin.fairseq_plugin import vocabulary_map_cli
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.kernels import float_products, layouts
-from beamplugin.modules import linear as linear_module
+from beamplugin.modules import int8_weights
 from beamplugin.modules.output_columns import OutputColumns, shortlist_columns
 from beamplugin.search.vocabulary_map import VocabularyMap
 
@@ -142,7 +142,7 @@ def test_a_stream_gives_each_sentence_its_bits_alone(
 def in_int8(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> torch.nn.Module:
     """A copy of ``model`` with every product in int8 (the output projection's columns alone
     included)."""
-    monkeypatch.setattr(linear_module, "INT8_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)
     model = copy.deepcopy(model)
     cast_for_decoding([model], "int8")
     return model

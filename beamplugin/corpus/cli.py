@@ -1,11 +1,15 @@
 """``beamplugin-translate``'s command line: fairseq-interactive's options for the model and the
 corpus's own, then the job (beamplugin.corpus.job) on this process's stream, or on a Ray
 cluster with ``--ray``; the summary on stdout. Exit status: 0, or ``EXIT_LINES_REFUSED`` (3)
-when some line was rejected (as fairseq-interactive in this project), 2 for unusable input."""
+when some line was rejected (as fairseq-interactive in this project), 2 for unusable input (a
+glossary included). ``--glossary FILE.tsv`` (with ``--constraints``): the server's glossaries,
+the terms found in each line (each sentence of it with ``--split-sentences``) put in its
+translation."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 import sys
@@ -25,6 +29,7 @@ from beamplugin.corpus.manifest import Manifest
 from beamplugin.fairseq_plugin.interactive_input import EXIT_LINES_REFUSED
 from beamplugin.serving.cli import add_decoding_options, interactive_parser
 from beamplugin.serving.decoder_process import log_to_stderr
+from beamplugin.serving.glossary import read_glossary
 
 logger = logging.getLogger("beamplugin.corpus")
 
@@ -44,7 +49,13 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus = parser.add_argument_group("Corpus")
     corpus.add_argument(
         "--input", dest="inputs", nargs="+", required=True, metavar="FILE",
-        help="text files, one sentence a line, plain or gzip; a quoted glob matches several",
+        help="text files, one sentence a line (a document a line with --split-sentences), "
+        "plain or gzip; a quoted glob matches several",
+    )  # fmt: skip
+    corpus.add_argument(
+        "--split-sentences", action="store_true",
+        help="each line is a document: cut into sentences as the server cuts a text, each "
+        "translated alone, the line put back together with its own blanks",
     )  # fmt: skip
     corpus.add_argument(
         "--output", required=True, metavar="DIR",
@@ -53,6 +64,12 @@ def add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus.add_argument(
         "--block-lines", type=int, default=1000, metavar="N",
         help="lines a block: what a worker is handed at once, written at once (default 1000)",
+    )  # fmt: skip
+    corpus.add_argument(
+        "--glossary", metavar="FILE.tsv",
+        help="with --constraints ordered|unordered: source<TAB>target a line; the target of "
+        "each source term found in a line (in each sentence with --split-sentences) is put "
+        "in its translation",
     )  # fmt: skip
     cluster = parser.add_argument_group("Ray cluster")
     cluster.add_argument(
@@ -81,8 +98,8 @@ def brief_help() -> str:
         epilog="Every option of fairseq-interactive applies: --help-all lists them.",
         add_help=False,
     )
-    # a line each, and no glossaries
-    add_decoding_options(parser, leave_out=("--nbest", "--print-alignment", "--constraints"))
+    # a line each
+    add_decoding_options(parser, leave_out=("--nbest", "--print-alignment"))
     add_corpus_options(parser)
     return parser.format_help()
 
@@ -95,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
     args = options.parse_args_and_arch(parser, argv)
     if args.block_lines < 1 or args.cpus_per_worker < 1 or (args.workers or 1) < 1:
         parser.error("--block-lines, --workers and --cpus-per-worker must be positive")
+    if args.glossary and not args.constraints:
+        parser.error("--glossary needs --constraints (ordered or unordered)")
     cfg = convert_namespace_to_omegaconf(args)
     if not (cfg.task.source_lang and cfg.task.target_lang):
         cfg.task.source_lang, cfg.task.target_lang = infer_language_pair(cfg.task.data)
@@ -102,24 +121,33 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, DictC
 
 
 def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options that change a translation, as the manifest records them."""
-    return {k: v for k, v in sorted(vars(args).items()) if k not in RUNNING_OPTIONS}
+    """The options that change a translation, as the manifest records them (a glossary by its
+    bytes: a rerun with the file changed is another job)."""
+    options = {k: v for k, v in sorted(vars(args).items()) if k not in RUNNING_OPTIONS}
+    if args.glossary:
+        options["glossary"] = hashlib.sha256(Path(args.glossary).read_bytes()).hexdigest()
+    return options
 
 
-def make_runner(args: argparse.Namespace, cfg: DictConfig) -> Runner:
+def make_runner(
+    args: argparse.Namespace, cfg: DictConfig, glossary: list[tuple[str, str]] | None
+) -> Runner:
     if args.ray is None:
-        return LocalRunner(cfg)
+        return LocalRunner(cfg, args.split_sentences, glossary)
     if not (args.ray or os.environ.get("RAY_ADDRESS")):
         os.environ.setdefault(*RAY_LOOPBACK)
     from beamplugin.corpus.ray_runner import RayRunner  # Ray is imported with --ray only
 
-    return RayRunner(cfg, args.ray, args.workers, args.cpus_per_worker)
+    return RayRunner(
+        cfg, args.ray, args.workers, args.cpus_per_worker, args.split_sentences, glossary
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args, cfg = parse_args(argv)
     started = time.perf_counter()
     try:
+        glossary = read_glossary(args.glossary) if args.glossary else None
         inputs = [survey(path, args.block_lines) for path in expand(args.inputs)]
         directory = Path(args.output)
         directory.mkdir(parents=True, exist_ok=True)
@@ -133,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         len(inputs), job.summary.lines, job.summary.blocks, job.summary.blocks_before,
         time.perf_counter() - started,
     )  # fmt: skip
-    runner = make_runner(args, cfg)
+    job.summary.glossary = glossary is not None
+    try:
+        runner = make_runner(args, cfg, glossary)
+    except ValueError as error:  # a glossary term the model cannot match or write
+        logger.error("--glossary: %s", error)
+        return 2
     try:
         bar = sys.stderr.isatty() and not args.no_progress_bar
         summary = job.run(runner, bar, driver_only=args.ray is not None)

@@ -104,6 +104,7 @@ class Job:
         self.manifest.record_block(block, {
             "lines_out": lines_out, "rejected": rejected, "worker": result.worker,
             "seconds": round(result.seconds, 3), "peak_rss_mib": result.peak_rss >> 20,
+            "terms_applied": result.terms_applied,
         })  # fmt: skip
         self.summary.translated(block.lines, result)
         pending.remove(block.index)

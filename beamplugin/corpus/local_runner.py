@@ -13,10 +13,14 @@ from beamplugin.corpus.inputs import Block
 
 
 class LocalRunner:
-    """The models of ``cfg`` loaded in this process, translating blocks."""
+    """The models of ``cfg`` loaded in this process, translating blocks (``split_sentences``:
+    each line a document cut into sentences; under ``glossary``'s terms, if any)."""
 
-    def __init__(self, cfg: DictConfig) -> None:
-        self._translator = BlockTranslator(cfg)
+    def __init__(
+        self, cfg: DictConfig, split_sentences: bool = False,
+        glossary: list[tuple[str, str]] | None = None,
+    ) -> None:  # fmt: skip
+        self._translator = BlockTranslator(cfg, split_sentences, glossary)
         self.workers_alive = 1
 
     def run(self, blocks: Iterator[Block]) -> Iterator[tuple[Block, BlockResult]]:

@@ -7,7 +7,8 @@ JSON lines, appended by the driver alone (the one writer), each flushed to disk:
   so that a rerun with other options cannot mix two kinds of output in one file;
 - a block, after its part was written: ``{"input", "first_line", "lines", "sha256" (of the
   block's input bytes), "lines_out", "rejected": [[line number, reason], ...], "worker",
-  "seconds", "peak_rss_mib"}`` (the worker's peak memory so far: its trend over a job);
+  "seconds", "peak_rss_mib", "terms_applied"}`` (the worker's peak memory so far: its trend over
+  a job; the glossary's terms found in the block);
 - an input whose output was assembled: ``{"assembled", "lines", "sha256"}`` (of the whole input).
 
 A block is done when a row has its input, first line, line count and checksum (an input that

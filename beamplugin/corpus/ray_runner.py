@@ -40,12 +40,16 @@ POLL_SECONDS = 5.0
 
 
 class _Worker:
-    """A Ray actor: the models of ``cfg`` on ``threads`` torch threads."""
+    """A Ray actor: the models of ``cfg`` on ``threads`` torch threads (``split_sentences``:
+    each line a document cut into sentences), under ``glossary``'s terms if any."""
 
-    def __init__(self, cfg: DictConfig, threads: int) -> None:
+    def __init__(
+        self, cfg: DictConfig, threads: int, split_sentences: bool,
+        glossary: list[tuple[str, str]] | None,
+    ) -> None:  # fmt: skip
         torch.set_num_threads(threads)
         utils.import_user_module(cfg.common)  # the models and tasks of another --user-dir
-        self.translator = BlockTranslator(cfg)
+        self.translator = BlockTranslator(cfg, split_sentences, glossary)
 
     def ready(self) -> str:
         return self.translator.name
@@ -57,9 +61,13 @@ class _Worker:
 class RayRunner:
     """Workers on the Ray cluster at ``address`` ("": ``RAY_ADDRESS`` if set, else a Ray started
     on this machine for the job and stopped with it): ``workers`` of them (None: as many as the
-    cluster's CPUs allow), ``cpus`` CPUs (torch threads) each."""
+    cluster's CPUs allow), ``cpus`` CPUs (torch threads) each; ``split_sentences``: each line a
+    document cut into sentences; under ``glossary``'s terms if any."""
 
-    def __init__(self, cfg: DictConfig, address: str, workers: int | None, cpus: int) -> None:
+    def __init__(
+        self, cfg: DictConfig, address: str, workers: int | None, cpus: int,
+        split_sentences: bool = False, glossary: list[tuple[str, str]] | None = None,
+    ) -> None:  # fmt: skip
         address = address or os.environ.get("RAY_ADDRESS", "")
         if address:
             ray.init(address=address, log_to_driver=False)
@@ -75,6 +83,7 @@ class RayRunner:
             num_cpus=cpus, max_concurrency=BLOCKS_AT_ONCE
         )
         self._cfg, self._cpus = cfg, cpus
+        self._split, self._glossary = split_sentences, glossary
         self._starting: dict[ray.ObjectRef, ActorHandle] = {}
         self._free: collections.Counter[ActorHandle] = collections.Counter()  # ready ones
         for _ in range(self.workers):
@@ -85,7 +94,7 @@ class RayRunner:
         return len(self._free)
 
     def _start_worker(self) -> None:
-        actor = self._actor_class.remote(self._cfg, self._cpus)
+        actor = self._actor_class.remote(self._cfg, self._cpus, self._split, self._glossary)
         self._starting[actor.ready.remote()] = actor
 
     def run(self, blocks: Iterator[Block]) -> Iterator[tuple[Block, BlockResult]]:

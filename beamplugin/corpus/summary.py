@@ -1,7 +1,7 @@
 """A job's summary: lines, lines rejected, blocks done now and before, time, each worker's
 throughput (by the clock while it had blocks, and by its CPU time: on a shared machine the
-clock mostly says how much CPU it got) and peak memory, and what the driver cost a block
-against a block's decoding."""
+clock mostly says how much CPU it got) and peak memory, what the driver cost a block against a
+block's decoding, and with a glossary the terms it put in."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ class Summary:
     lines_translated: int = 0
     rejected: int = 0
     driver_cpu: float | None = None  # seconds, when the driver does nothing else
+    glossary: bool = False  # terms_applied is reported
+    terms_applied: int = 0  # in the lines translated now
     workers: dict[str, WorkerFigures] = field(default_factory=dict)
     block_seconds: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -43,6 +45,7 @@ class Summary:
     def translated(self, lines: int, result: BlockResult) -> None:
         """A block of ``lines`` lines translated in this run."""
         self.lines_translated += lines
+        self.terms_applied += result.terms_applied
         self.block_seconds.append(result.seconds)
         worker = self.workers.setdefault(result.worker, WorkerFigures(first_rss=result.peak_rss))
         worker.blocks += 1
@@ -63,6 +66,9 @@ class Summary:
             f"blocks: {self.blocks}, {len(self.block_seconds)} translated now, "
             f"{self.blocks_before} done before",
         ]
+        if self.glossary:
+            lines.append(f"glossary: {self.terms_applied} terms applied in the lines translated "
+                         "now")  # fmt: skip
         for name, worker in sorted(self.workers.items()):
             lines.append(
                 f"worker {name}: {worker.blocks} blocks, {worker.lines} lines, "

@@ -15,6 +15,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask
 
 from beamplugin.fairseq_plugin.batching import LosslessBatchingDataset
+from beamplugin.fairseq_plugin.constraints_file import with_constraints
 from beamplugin.fairseq_plugin.generation_stream import Batch, ReadAhead
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
 from beamplugin.fairseq_plugin.interactive_input import (
@@ -84,6 +85,14 @@ class BeamSearchConfig(FairseqDataclass):
         default=False,
         metadata={"help": "the device engine's steps run one kernel at a time (to compare)"},
     )
+    constraints_file: Optional[str] = field(  # noqa: UP045 (fairseq reads typing.Optional only)
+        default=None,
+        metadata={
+            "help": "fairseq-generate --constraints: the constraints of --gen-subset's "
+            "sentences, line i those of sentence i, tab-separated, in the target's "
+            "preprocessed form (blank: none)"
+        },
+    )
     int8: bool = field(
         default=False,
         metadata={
@@ -126,6 +135,7 @@ class BeamSearchTask:
         self._max_source_positions = self.max_line_tokens([])
         self._read_ahead: ReadAhead | None = None  # the batches handed out last
         self._prefix_size = 0
+        self._split_without_constraints: str | None = None  # fairseq-generate's, if so
 
     def decoder_prompts(self, batch: Batch) -> tuple[torch.Tensor | None, int | None]:
         """How the hypotheses of ``batch``'s sentences start: their forced prefixes
@@ -134,6 +144,18 @@ class BeamSearchTask:
         if self._prefix_size > 0:
             return batch["target"][:, : self._prefix_size], None
         return None, None
+
+    def load_dataset(self, split: str, *args: Any, **kwargs: Any) -> None:
+        """fairseq's split, its sentences carrying their ``--constraints-file`` constraints if
+        one is given."""
+        super().load_dataset(split, *args, **kwargs)
+        path = getattr(self.beam_options, "constraints_file", None)
+        if path:
+            self.datasets[split] = with_constraints(
+                self.datasets[split], path, self.target_dictionary
+            )
+        else:
+            self._split_without_constraints = split
 
     def get_batch_iterator(self, dataset: FairseqDataset, **kwargs: Any) -> Any:
         wrapped = self._lossless.get(id(dataset))
@@ -173,7 +195,10 @@ class BeamSearchTask:
             and batches is not None
             and batches.is_current(sample)
         ):
-            return batches.start_stream(generator, self.decoder_prompts).hypotheses()
+            # fairseq-interactive's lines (read in buffers) are refused one by one, by id
+            lines = self._interactive_lines
+            refuse = lines.refuse_decoded if lines.lines_read else None
+            return batches.start_stream(generator, self.decoder_prompts).hypotheses(refuse)
         return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def filter_indices_by_size(
@@ -215,6 +240,12 @@ class BeamSearchTask:
     ) -> Any:
         self._prepare_for_input_lines(models)
         self._prefix_size = getattr(args, "prefix_size", 0) or 0
+        if getattr(args, "constraints", None) and self._split_without_constraints:
+            logger.warning(
+                "--constraints: the binarized split '%s' carries no constraints, so none are "
+                "met; --constraints-file gives them (docs/glossaries.md)",
+                self._split_without_constraints,
+            )
         options = self.beam_options
         precision = requested_precision(options.fp16, options.bf16, options.int8)
         if precision != "float32":

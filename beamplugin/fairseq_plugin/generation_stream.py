@@ -137,8 +137,13 @@ class GenerationStream:
                 self.sentences += 1
                 yield sentence_request(sentence_id, tokens, prefix, bos, own)
 
-    def hypotheses(self) -> list[list[Hypothesis]]:
-        """The hypotheses of every sentence of the batch handed out last."""
+    def hypotheses(
+        self, refuse: Callable[[int, str], None] | None = None
+    ) -> list[list[Hypothesis]]:
+        """The hypotheses of every sentence of the batch handed out last. A sentence that could
+        not be decoded (its constraints not met within the maximum length): ``refuse(id,
+        reason)`` and no hypotheses, or without ``refuse`` an error naming it (fairseq's
+        generator fails its whole batch there)."""
         wanted = self.batches.handed_out["id"].tolist()
         with torch.inference_mode():
             while any(i not in self.results for i in wanted):
@@ -146,10 +151,13 @@ class GenerationStream:
                 self.results[finished.key] = finished
         done = [self.results.pop(i) for i in wanted]
         for finished in done:
-            if finished.error is not None:
-                raise finished.error
+            if finished.error is None:
+                continue
+            if refuse is None:
+                raise ValueError(f"sentence {finished.key}: {finished.error}") from finished.error
+            refuse(finished.key, str(finished.error))
         self._report()
-        return [finished.hypotheses for finished in done]
+        return [finished.hypotheses if finished.error is None else [] for finished in done]
 
     def _report(self) -> None:
         if self._reported or not self.batches.exhausted or not self.engine.idle:

@@ -9,8 +9,10 @@ at once on stdout as
 
 and keeps its place in the buffer as an empty tensor, which the dataset never batches (an
 encoded line holds at least EOS), so every other line keeps its id. The other lines are
-translated as usual. When the input is done and some line was refused, the process exits with
-``EXIT_LINES_REFUSED`` (see ``InteractiveLines``).
+translated as usual. A line decoded but without a translation (its ``--constraints`` not met
+within the maximum length, where fairseq's generator fails the whole run) gets its ``E-`` line
+too (its ``S-`` line follows, without ``H-`` lines). When the input is done and some line was
+refused, the process exits with ``EXIT_LINES_REFUSED`` (see ``InteractiveLines``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class InteractiveLines:
 
     def __init__(self) -> None:
         self.lines_read = 0
+        self.buffer_start = 0  # the id of the current buffer's first line
         self.refused: list[int] = []
 
     def encode_buffer(
@@ -71,6 +74,7 @@ class InteractiveLines:
     ) -> tuple[list[torch.Tensor], list[int]]:
         """Tokens and lengths of the next buffer's lines, a refused line as an empty tensor."""
         tokens = []
+        self.buffer_start = self.lines_read
         for line in lines:
             try:
                 tokens.append(encoder.encode(line))
@@ -79,6 +83,10 @@ class InteractiveLines:
                 tokens.append(torch.empty(0, dtype=torch.long))
             self.lines_read += 1
         return tokens, [len(t) for t in tokens]
+
+    def refuse_decoded(self, buffer_id: int, reason: str) -> None:
+        """The current buffer's line ``buffer_id`` was decoded without a translation."""
+        self._refuse(self.buffer_start + buffer_id, reason)
 
     def _refuse(self, line_id: int, reason: str) -> None:
         print(f"E-{line_id}\t{reason}")

@@ -2,18 +2,23 @@
 
 The models compute in the chosen precision: their parameters are cast once, and the weights
 they derive for inference (folded weight norm, linearized convolutions, packed layouts, see
-beamplugin.modules.linear.InferenceCache) are then made once from those, in that precision.
+beamplugin.modules.inference_cache.InferenceCache) are then made once from those, in that precision.
 The search itself stays in float32 whatever the models compute in: every step's logits are
 widened to float32 before the temperature and the log-softmax (beamplugin.engine.ensemble), so
 cumulative scores, length normalisation and the stop tests are float32.
 
 Where a precision has no hardware support (checked per device), float16 is refused with a clear
-message. ``--bf16`` on the CPU is never slower than float32: where the CPU has no bfloat16
+message. ``--bf16`` on a CPU with AVX512-BF16 keeps the models in float32 and packs their
+products' weights in bfloat16 for our kernel (beamplugin.kernels.float_products.Bf16Weights):
+each product rounds its rows to bfloat16 and sums in float32, everything else (norms,
+attention, the residual stream) stays float32, so the float32 paths run as they are (a
+transformer's step in one call). Elsewhere the models are cast to bfloat16 (torch's products).
+``--bf16`` on the CPU is never slower than float32: where the CPU has no bfloat16
 arithmetic, or where a load-time trial (:func:`bf16_pays`) decodes the models slower in bfloat16
 than in float32, they decode in float32 and the log says so. ``int8``
 (CPU only) keeps float32 and multiplies the largest weights in int8 instead, each row of
 activations with its own scale, so that a sentence's result does not depend on its batch-mates
-(beamplugin.modules.linear.int8_linear).
+(beamplugin.modules.int8_weights.int8_linear).
 """
 
 from __future__ import annotations
@@ -28,15 +33,16 @@ from fairseq.models.transformer import TransformerModelBase
 from torch import nn
 
 from beamplugin.fairseq_plugin.generator import SequenceGenerator
-from beamplugin.kernels import trials
+from beamplugin.kernels import float_products, trials
 from beamplugin.kernels.trials import Trial
-from beamplugin.modules import linear as linear_module
-from beamplugin.modules.linear import InferenceCache, native_on_cpu
+from beamplugin.modules import int8_weights
+from beamplugin.modules.inference_cache import InferenceCache
+from beamplugin.modules.packed_weights import native_on_cpu
 
 logger = logging.getLogger(__name__)
 
 # Each precision and the dtype the models compute in: "int8" keeps float32 but multiplies the
-# largest weights in int8 (beamplugin.modules.linear.int8_linear), on the CPU only.
+# largest weights in int8 (beamplugin.modules.int8_weights.int8_linear), on the CPU only.
 PRECISIONS = {
     "float32": torch.float32,
     "bf16": torch.bfloat16,
@@ -109,7 +115,8 @@ def bf16_pays(models: list[nn.Module]) -> bool:
         shapes.update(type(model).__name__.encode())
         for name, parameter in model.named_parameters():
             shapes.update(f"{name}{tuple(parameter.shape)}".encode())
-    shape = (type(translators[0]).__name__, shapes.hexdigest()[:12])
+    form = "weights" if float_products.bf16_weights_available() else "cast"
+    shape = (type(translators[0]).__name__, shapes.hexdigest()[:12], form)
     sides = "float32, bfloat16"
     if trials.ours_is_faster(BF16_TRIAL, shape, lambda: _bf16_trial(translators), sides):
         return True
@@ -123,13 +130,18 @@ def bf16_pays(models: list[nn.Module]) -> bool:
 
 
 def _bf16_trial(models: list[nn.Module]) -> Trial:
-    """Our generator on a bfloat16 copy of ``models`` against it on ``models`` (float32): beam
-    5, random sources, every hypothesis decoded to the same length."""
+    """Our generator on a bfloat16 copy of ``models`` (bfloat16 weights where our kernel runs,
+    else the models cast) against it on ``models`` (float32): beam 5, random sources, every
+    hypothesis decoded to the same length."""
     first = models[0]
     source, target = first.encoder.dictionary, first.decoder.dictionary
     length = BF16_TRIAL_LENGTH
     options = dict(beam_size=5, max_len_b=length, min_len=length, attention=False)
-    half = [copy.deepcopy(m).to(torch.bfloat16) for m in models]
+    if float_products.bf16_weights_available():
+        half = [copy.deepcopy(m) for m in models]
+        _switch_products(half, int8=False, bf16=True)
+    else:
+        half = [copy.deepcopy(m).to(torch.bfloat16) for m in models]
     in_bf16 = SequenceGenerator(half, target, **options)
     in_float32 = SequenceGenerator(models, target, **options)
     g = torch.Generator().manual_seed(0)
@@ -148,11 +160,24 @@ def _bf16_trial(models: list[nn.Module]) -> Trial:
     )
 
 
+def _switch_products(models: list[nn.Module], int8: bool, bf16: bool) -> None:
+    """Int8 or bfloat16-weight products on or off in ``models``' products: their modules'
+    with inference weights, and fairseq transformers' decoders (whose prepared weights
+    beamplugin.models.transformer_weights makes again when these change)."""
+    for model in models:
+        modules = [m for m in model.modules() if isinstance(m, InferenceCache)]
+        if isinstance(model, TransformerModelBase):
+            modules.append(model.decoder)
+        for module in modules:
+            module.int8_products, module.bf16_products = int8, bf16
+
+
 def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> torch.dtype:
     """Check ``precision`` (a key of PRECISIONS) on the models' devices and cast ``models``
-    (None entries skipped) to it in place; returns the dtype: float32 for ``bf16`` on a CPU
-    where :func:`bf16_pays` says no. The cast drops the models' cached inference weights, which
-    are then made again in that precision on first use."""
+    (None entries skipped) to it in place; returns the dtype the models' activations compute
+    in: float32 for ``bf16`` on a CPU where our bfloat16 kernel multiplies float32 rows on
+    bfloat16 weights, or where :func:`bf16_pays` says no. The cast drops the models' cached
+    inference weights, which are then made again in that precision on first use."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
     dtype = PRECISIONS[precision]
@@ -166,10 +191,9 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
     transformer_decoders = [m.decoder for m in models if isinstance(m, TransformerModelBase)]
     if precision == "int8":
         large = sum(
-            max(p.numel() for p in m.parameters()) >= linear_module.INT8_MIN_WEIGHTS
-            for m in caches
+            any(int8_weights.large_for_int8(p) for p in m.parameters()) for m in caches
         ) + sum(
-            p.numel() >= linear_module.INT8_MIN_WEIGHTS
+            int8_weights.large_for_int8(p)
             for decoder in transformer_decoders
             for p in decoder.parameters()
         )
@@ -177,10 +201,10 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
             raise ValueError(
                 "--int8: these models have no weight for int8 products (beamplugin's convs2s "
                 "and fairseq's transformer decoder multiply weights of "
-                f"{linear_module.INT8_MIN_WEIGHTS} elements or more in int8); they would "
+                f"{int8_weights.INT8_MIN_WEIGHTS} elements or more in int8); they would "
                 "decode in float32: leave out --int8"
             )
-        levels = linear_module.int8_weight_levels()
+        levels = int8_weights.int8_weight_levels()
         logger.info(
             "--int8: %d weights multiplied in int8, %s",
             large,
@@ -188,13 +212,16 @@ def cast_for_decoding(models: Iterable[nn.Module | None], precision: str) -> tor
             if levels == 127
             else "7-bit weights (torch's int8 products, which sum pairs in 16 bits here)",
         )
+    bf16_weights = False
     if dtype == torch.bfloat16 and devices == {torch.device("cpu")}:
         for model in models:
             model.to(torch.float32)  # the trial's float32 side, and the fallback's models
         if not bf16_pays(models):
             dtype = torch.float32
+        elif float_products.bf16_weights_available():
+            dtype, bf16_weights = torch.float32, True
+            logger.info("--bf16: float32 activations, products on bfloat16 weights (our kernel)")
     for model in models:
         model.to(dtype)
-    for module in caches + transformer_decoders:
-        module.int8_products = precision == "int8"
+    _switch_products(models, precision == "int8", bf16_weights)
     return dtype

@@ -9,6 +9,12 @@ out for them, and are as fast as oneDNN from about 40 rows (docs/speed.md). Each
 is summed in order over the inner dimension, so a row's result has the same bits whatever rows
 are beside it and whatever the number of threads. bfloat16 products sum pairs into float32 and
 round once, as oneDNN's matmul with its post-ops does.
+
+``--bf16`` keeps a float32 model and packs its weights in bfloat16 (:class:`Bf16Weights`): each
+product rounds its float32 rows to bfloat16 once and sums into float32 (no rounding of the
+result), so norms, attention and the residual stream stay float32 and every float32 path of
+ours (a transformer's step in one call, ConvS2S's convolutions) runs as it is, reading half the
+weight bytes with twice the multiply-adds an instruction.
 """
 
 from __future__ import annotations
@@ -46,6 +52,34 @@ def _kernel() -> Callable[..., Any] | None:
     return native_library.function("products", "products", signature)
 
 
+class Bf16Weights(Panels):
+    """A float32 weight packed in bfloat16 panels for float32 activations
+    (:func:`pack_bf16_weights`): :func:`product` rounds the rows to bfloat16 and returns float32
+    sums."""
+
+
+@native_library.cached
+def _bf16_weight_kernel() -> Callable[..., Any] | None:
+    """bf16_products.c's ``bf16_weight_products`` (None where it cannot be built or the CPU has
+    no AVX512-BF16)."""
+    return native_library.function_for_this_cpu(
+        "bf16_products", "bf16_kernel_available", "bf16_weight_products", [*_PRODUCT, INT], INT
+    )
+
+
+def bf16_weights_available() -> bool:
+    """Whether float32 activations multiply bfloat16 weights on our kernel here
+    (:class:`Bf16Weights`)."""
+    return _bf16_weight_kernel() is not None
+
+
+def pack_bf16_weights(weight: Tensor) -> Bf16Weights:
+    """``weight`` (``[out, in]``, any float dtype) rounded to bfloat16 (to nearest even) and laid
+    out for :func:`product` of float32 rows."""
+    values = layouts.panels(weight.detach().to(torch.bfloat16), _GROUP[torch.bfloat16])
+    return Bf16Weights(values, *weight.shape)
+
+
 @native_library.cached
 def _bf16_kernel() -> Callable[..., Any] | None:
     """bf16_products.c's ``bf16_products`` (None where it cannot be built or the CPU has no
@@ -77,7 +111,7 @@ def columns(weight: Panels, channels: Tensor) -> Panels:
     """The output ``channels`` of ``weight`` alone, packed alike (each one's products the same
     bits)."""
     values = layouts.panel_columns(weight.values, channels)
-    return Panels(values, channels.numel(), weight.in_features)
+    return type(weight)(values, channels.numel(), weight.in_features)
 
 
 def product(
@@ -88,9 +122,11 @@ def product(
     relu: bool = False,
     norm: tuple[Tensor, Tensor, float] | None = None,
 ) -> Tensor:
-    """``x @ W.T + bias`` for ``x`` ``[rows, in]`` (the weight's dtype, on the CPU), then
-    ``relu`` or plus ``residual`` ``[rows, out]``, then, with ``norm`` (weight, bias, eps; float32
-    only), a layer norm of each row, as one call."""
+    """``x @ W.T + bias`` for ``x`` ``[rows, in]`` (the weight's dtype, on the CPU; float32 for
+    :class:`Bf16Weights`), then ``relu`` or plus ``residual`` ``[rows, out]``, then, with
+    ``norm`` (weight, bias, eps; float32 only), a layer norm of each row, as one call."""
+    if isinstance(weight, Bf16Weights):
+        return _bf16_weight_product(x, weight, bias, residual, relu, norm)
     dtype = weight.values.dtype
     kernel = _kernel_for(dtype)
     if kernel is None:
@@ -126,6 +162,42 @@ def product(
         ]
     kernel(*arguments, threads_for(rows * out * inner))
     return y
+
+
+def _bf16_weight_product(
+    x: Tensor,
+    weight: Bf16Weights,
+    bias: Tensor | None,
+    residual: Tensor | None,
+    relu: bool,
+    norm: tuple[Tensor, Tensor, float] | None,
+) -> Tensor:
+    """:func:`product` of float32 ``x`` on bfloat16 weights; the norm after the product's call
+    (the norm kernel's bits, as transformer_layers.c's int8 and bfloat16 products take it)."""
+    kernel = _bf16_weight_kernel()
+    if kernel is None:
+        raise RuntimeError("native bfloat16 products are unavailable")
+    out = weight.out_features
+    x, bias, residual = layouts.operands(x, out, bias, residual)
+    rows, inner = x.shape
+    if inner != weight.in_features:
+        raise ValueError(f"input has {inner} features, the weight takes {weight.in_features}")
+    y = x.new_empty((rows, out))
+    failed = kernel(
+        x.data_ptr(), x.stride(0), weight.values.data_ptr(),
+        None if bias is None else bias.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        y.data_ptr(), out, rows, out, inner, int(relu), threads_for(rows * out * inner),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError(f"no memory to round {rows} rows to bfloat16")
+    if norm is None:
+        return y
+    normed = layer_norm(y, norm[0].contiguous(), norm[1].contiguous(), norm[2])
+    if normed is None:
+        raise RuntimeError("native layer norm unavailable")
+    return normed
 
 
 @native_library.cached

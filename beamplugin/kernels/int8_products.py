@@ -1,11 +1,11 @@
 """int8 matrix products (``--int8``) on the CPU through our kernel (``native/int8_products.c``),
 on CPUs with AVX512-VNNI or AVX2 (each its own code, the same bits).
 
-beamplugin.modules.linear.int8_linear takes some ten torch operations a product (the row scales,
-the quantization, ``torch._int_mm``, the scaling back), each a call of several microseconds at a
-decoder step's few rows, so that with our float32 kernel ``--int8`` gained nothing at batch 1.
-This kernel quantizes the rows and multiplies in one call, with int8_linear's roundings: the
-same bits (tested).
+beamplugin.modules.int8_weights.int8_linear takes some ten torch operations a product (the row
+scales, the quantization, ``torch._int_mm``, the scaling back), each a call of several microseconds
+at a decoder step's few rows, so that with our float32 kernel ``--int8`` gained nothing at batch 1.
+This kernel quantizes the rows and multiplies in one call, with int8_linear's roundings: the same
+bits (tested).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A transformer decoder step in one call (``native/transformer_layers.c``) on the CPU: the last
-tokens' embeddings and positions, the history's mask, the layers' products (float32 or int8),
+tokens' embeddings and positions, the history's mask, the layers' products (float32, int8, or
+float32 rows on bfloat16 weights),
 norms and attention kernels, the final norm and the output projection, which Python called one
 by one (5-6 us each at a step's few rows, some 200 us a step for 3 layers), called from C in
 the same order, so with the same bits. The weights' pointers are set once per
@@ -14,8 +15,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import int8_products, native_library
-from beamplugin.kernels.float_products import Panels
+from beamplugin.kernels import float_products, int8_products, native_library
+from beamplugin.kernels.float_products import Bf16Weights, Panels
 from beamplugin.kernels.int8_products import Int8Panels
 
 Norm = tuple[Tensor, Tensor, float]  # weight, bias, eps
@@ -24,8 +25,8 @@ _I = ctypes.c_int64
 
 
 class Product(NamedTuple):
-    """A packed weight (float32, or int8 with its channel scales), its bias, and the post-norm
-    its call applies (or None)."""
+    """A packed weight (float32, bfloat16 for float32 rows, or int8 with its channel scales), its
+    bias, and the post-norm its call applies (or None)."""
 
     panels: Panels | Int8Panels
     bias: Tensor | None
@@ -74,7 +75,8 @@ class Group(NamedTuple):
 
 class _Product(ctypes.Structure):
     _fields_ = [("panels", _P), ("sums", _P), ("scales", _P), ("bias", _P), ("gamma", _P),
-                ("beta", _P), ("eps", ctypes.c_float), ("out", _I), ("inner", _I)]  # fmt: skip
+                ("beta", _P), ("eps", ctypes.c_float), ("out", _I), ("inner", _I),
+                ("bf16", ctypes.c_int)]  # fmt: skip
 
 
 class _Norm(ctypes.Structure):
@@ -99,7 +101,8 @@ class _Step(ctypes.Structure):
     _fields_ += [(name, _I) for name in ("token_stride", "steps", "pad", "vocab", "positions")]
     _fields_ += [("embedding", _P), ("position_table", _P), ("embed_scale", ctypes.c_float)]
     _fields_ += [("final_norm", _Norm), ("output", _Product), ("logits", _P)]
-    _fields_ += [("products", _P), ("int8_products", _P), ("smallest", ctypes.c_float)]
+    _fields_ += [("products", _P), ("int8_products", _P), ("bf16_products", _P)]
+    _fields_ += [("smallest", ctypes.c_float)]
     _fields_ += [("norm", _P), ("self_attention", _P), ("cross_attention", _P)]
     _fields_ += [(name, _I) for name in ("layers", "rows", "embed", "heads", "head_dim",
                                          "hidden", "width", "slots", "row_stride",
@@ -129,11 +132,14 @@ def _kernels() -> tuple[Any, list[int | None]] | None:
     ]
     if run is None or None in parts:
         return None
-    # int8 products where this CPU has the kernel (else no layer is given int8 panels)
-    int8 = None
+    # int8 and bfloat16 products where this CPU has their kernels (else no layer is given their
+    # panels)
+    int8 = bf16 = None
     if int8_products.available():
         int8 = native_library.address("int8_products", "int8_products")
-    return run, [parts[0], int8, parts[1], parts[2], parts[3]]
+    if float_products.bf16_weights_available():
+        bf16 = native_library.address("bf16_products", "bf16_weight_products")
+    return run, [parts[0], int8, parts[1], parts[2], parts[3], bf16]
 
 
 def available() -> bool:
@@ -150,16 +156,18 @@ def _product(product: Product | None, int8_kernel: int | None) -> _Product:
         return _Product()
     gamma, beta, eps = product.norm or (None, None, 0.0)
     panels = product.panels
-    int8 = isinstance(panels, Int8Panels)
+    int8, bf16 = isinstance(panels, Int8Panels), isinstance(panels, Bf16Weights)
     if int8 and (int8_kernel is None or product.scales is None):
         raise ValueError("int8 panels need this CPU's int8 kernel and their scales")
+    if bf16 and not float_products.bf16_weights_available():
+        raise ValueError("bfloat16 panels need this CPU's bfloat16 kernel")
     tensors = [product.bias, product.scales, gamma, beta]
     if any(t is not None and not t.is_contiguous() for t in tensors):
         raise ValueError("biases, scales and norm weights must be contiguous")
     return _Product(
         panels.values.data_ptr(), panels.sums.data_ptr() if int8 else None,
         _pointer(product.scales), _pointer(product.bias), _pointer(gamma), _pointer(beta), eps,
-        panels.out_features, panels.in_features,
+        panels.out_features, panels.in_features, int(bf16),
     )  # fmt: skip
 
 
@@ -211,7 +219,7 @@ class EncoderLayers:
         a, b, normed, qkv, context, inner, keys, values = (p.data_ptr() for p in parts)
         addresses = self.addresses
         step = _Step(
-            products=addresses[0], int8_products=addresses[1],
+            products=addresses[0], int8_products=addresses[1], bf16_products=addresses[5],
             smallest=int8_products.SMALLEST_SCALE, norm=addresses[2],
             cross_attention=addresses[4], layers=len(self.layers), rows=rows, embed=embed,
             heads=self.heads, head_dim=self.head_dim, hidden=self.hidden, x=x.data_ptr(), a=a,
@@ -256,7 +264,7 @@ class DecoderStep:
             positions=ends.positions.size(0), embedding=ends.embedding.data_ptr(),
             position_table=ends.positions.data_ptr(), embed_scale=ends.scale,
             final_norm=_norm(ends.final_norm), output=self.output,
-            products=addresses[0], int8_products=addresses[1],
+            products=addresses[0], int8_products=addresses[1], bf16_products=addresses[5],
             smallest=int8_products.SMALLEST_SCALE, norm=addresses[2],
             self_attention=addresses[3], cross_attention=addresses[4], layers=len(layers),
             embed=self.embed, heads=heads, head_dim=self.head_dim, hidden=self.hidden,

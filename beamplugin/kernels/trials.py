@@ -33,6 +33,9 @@ OURS, TORCHS = "ours", "torch"
 # drift hits both, and other work on it only ever adds time.
 ROUNDS = 9
 ROUND_SECONDS = 0.0005  # the least a round of one side runs (a trial takes some 10-30 ms)
+# The rows a product kernel is timed at against torch's for a weight's shape: a decoder step's
+# at beam 5, and a batch's of 16 sentences.
+TRIAL_ROWS = (5, 80)
 
 
 class Trial(NamedTuple):

@@ -9,7 +9,7 @@ sentence gets fairseq's scores.
 * The encoder output enters the decoder once per sentence, as every layer's cross-attention
   keys and values, kept in a memory pool of slots (beamplugin.modules.memory_pool); the beam
   rows of a sentence read its slot.
-* The decoder's products go through beamplugin.modules.linear, on packed weights (as
+* The decoder's products go through beamplugin.modules.prepared_linear, on packed weights (as
   convs2s's), and a step's attention in float32 on the CPU through our kernel
   (beamplugin.kernels.float_attention), one call per layer for each attention: scores equal
   fairseq's up to float rounding.
@@ -30,9 +30,9 @@ from torch import Tensor, nn
 from beamplugin.kernels import float_attention, transformer_layers
 from beamplugin.models.normalization import plain_softmax
 from beamplugin.models.transformer_weights import LayerWeights, TransformerWeights
-from beamplugin.modules.linear import PreparedLinear
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_width, least_width
 from beamplugin.modules.output_columns import OutputColumns
+from beamplugin.modules.prepared_linear import PreparedLinear
 from beamplugin.modules.self_attention_history import SelfAttentionHistory, Window
 from beamplugin.runtime import pages
 

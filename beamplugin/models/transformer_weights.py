@@ -1,12 +1,12 @@
 """A fairseq transformer's weights made ready for decoding, kept while the weights are unchanged.
 
 Per layer, the self-attention's query, key and value projections are one product (their weights
-stacked), and every query projection carries fairseq's scaling (``head_dim ** -0.5``) folded
-in; the keys and values that every decoder layer's cross-attention reads from the encoder
-output are one product too. Every product is a :class:`~beamplugin.modules.linear.PreparedLinear`
-(packed for our kernel or oneDNN's; int8 values under ``--int8``, the encoder layers' too, as
-CTranslate2's int8, not the cross-attention's keys and values). Scores differ from fairseq's only
-in float rounding.
+stacked), and every query projection carries fairseq's scaling (``head_dim ** -0.5``) folded in; the
+keys and values that every decoder layer's cross-attention reads from the encoder output are one
+product too. Every product is a :class:`~beamplugin.modules.prepared_linear.PreparedLinear` (packed
+for our kernel or oneDNN's; int8 values under ``--int8``, the encoder layers' too, as CTranslate2's
+int8, not the cross-attention's keys and values). Scores differ from fairseq's only in float
+rounding.
 
 The prepared weights are checked, not on every step, but when :meth:`TransformerWeights.current`
 is called (once per encoder forward: every sentence is encoded before it decodes). They are made
@@ -30,7 +30,7 @@ from fairseq.modules import LearnedPositionalEmbedding
 from torch import Tensor, nn
 
 from beamplugin.kernels import float_attention, transformer_layers
-from beamplugin.modules.linear import PreparedLinear, columns_of, prepare_linear
+from beamplugin.modules.prepared_linear import PreparedLinear, columns_of, prepare_linear
 from beamplugin.runtime import heap
 from beamplugin.runtime.pages import FileMappings, page_out
 
@@ -91,6 +91,7 @@ class TransformerWeights:
         """These weights, made again first if the model's changed."""
         model = self.model
         int8 = bool(getattr(model.decoder, "int8_products", False))
+        bf16 = bool(getattr(model.decoder, "bf16_products", False))
         parameters, registrations = self._parameters
         if registrations != _Registrations.count:
             parameters = list(model.parameters())
@@ -98,29 +99,32 @@ class TransformerWeights:
         # C-level maps: this runs at every encoder forward (0.1 ms as a generator of tuples)
         key = (
             int8,
+            bf16,
             tuple(map(_version, parameters)),
             tuple(map(torch.Tensor.data_ptr, parameters)),
             tuple(map(_dtype, parameters)),
         )
         if key != self._key:
             with torch.no_grad():
-                self._prepare(int8)
+                self._prepare(int8, bf16)
             self._key = key
         return self
 
-    def _prepare(self, int8: bool) -> None:
+    def _prepare(self, int8: bool, bf16: bool) -> None:
         encoder, decoder = self.model.encoder, self.model.decoder
         # each weight's pages go back to its mapped checkpoint as soon as its panels are made;
         # the largest first (a 256k vocabulary's projection), while few panels are held
         release = _Release(FileMappings())
         projection = decoder.output_projection
         # with shared embeddings, looking a token up reads its page back
-        output = prepare_linear(projection.weight, projection.bias, int8, read=release.rows)
+        output = prepare_linear(
+            projection.weight, projection.bias, int8, read=release.rows, bf16=bf16
+        )
         self.output = release.of(output, [projection])
         self._columns = None
 
         def prepared(layer: nn.Module) -> LayerWeights:
-            weights = release(_prepare_layer(layer, int8), layer)
+            weights = release(_prepare_layer(layer, int8, bf16), layer)
             heap.give_back_free_memory()  # the copies and blocks the layouts were made through
             return weights
 
@@ -128,7 +132,7 @@ class TransformerWeights:
         # the cross-attention's keys and values stay float32: int8 there cost best hypotheses
         # (docs/precision.md); stacked before the layers, while few panels are held
         kv = [p for a in cross for p in (a.k_proj, a.v_proj)]
-        self.memory = release.of(_stacked(kv, False), kv)
+        self.memory = release.of(_stacked(kv, False, bf16=bf16), kv)
         self.encoder_layers = [prepared(layer) for layer in encoder.layers]
         self.decoder_layers = [prepared(layer) for layer in decoder.layers]
         self.decoder_in_kernel = _in_kernel(decoder, self.decoder_layers, self.output)
@@ -151,14 +155,14 @@ class TransformerWeights:
         return kept[1], kept[2]
 
 
-def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
+def _prepare_layer(layer: nn.Module, int8: bool, bf16: bool) -> LayerWeights:
     own = layer.self_attn
 
     def of(module: nn.Linear) -> PreparedLinear:
-        return prepare_linear(module.weight, module.bias, int8)
+        return prepare_linear(module.weight, module.bias, int8, bf16=bf16)
 
     weights = LayerWeights(
-        self_qkv=_stacked([own.q_proj, own.k_proj, own.v_proj], int8, own.scaling),
+        self_qkv=_stacked([own.q_proj, own.k_proj, own.v_proj], int8, own.scaling, bf16),
         self_out=of(own.out_proj),
         fc1=of(layer.fc1),
         fc2=of(layer.fc2),
@@ -167,7 +171,8 @@ def _prepare_layer(layer: nn.Module, int8: bool) -> LayerWeights:
     if cross is None:
         return weights
     return weights._replace(
-        cross_query=_stacked([cross.q_proj], int8, cross.scaling), cross_out=of(cross.out_proj)
+        cross_query=_stacked([cross.q_proj], int8, cross.scaling, bf16),
+        cross_out=of(cross.out_proj),
     )
 
 
@@ -316,13 +321,16 @@ def _kernel_product(
     return transformer_layers.Product(weight.packed, weight.bias, norm)
 
 
-def _stacked(projections: list[nn.Linear], int8: bool, scaling: float = 1.0) -> PreparedLinear:
+def _stacked(
+    projections: list[nn.Linear], int8: bool, scaling: float = 1.0, bf16: bool = False
+) -> PreparedLinear:
     """One product for ``projections`` (their outputs side by side), the first one's weight and
-    bias multiplied by ``scaling``."""
+    bias multiplied by ``scaling``; ``int8`` and ``bf16`` as :func:`prepare_linear`'s."""
     parts = [(p.weight, p.bias) for p in projections]
     weight, bias = parts[0]
     parts[0] = (weight * scaling, None if bias is None else bias * scaling)
     stacked_bias = None
     if any(b is not None for _, b in parts):
         stacked_bias = torch.cat([b if b is not None else w.new_zeros(w.size(0)) for w, b in parts])
-    return prepare_linear(torch.cat([w for w, _ in parts]), stacked_bias, int8, keep_weight=False)
+    weight = torch.cat([w for w, _ in parts])
+    return prepare_linear(weight, stacked_bias, int8, keep_weight=False, bf16=bf16)

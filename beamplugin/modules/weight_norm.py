@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from beamplugin.modules.linear import InferenceCache
+from beamplugin.modules.inference_cache import InferenceCache
 
 
 class FoldedWeightNorm(InferenceCache):

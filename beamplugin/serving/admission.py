@@ -1,7 +1,13 @@
 """Taking a request's lines into the translator: the checks that turn it away whole (the
 server stopping, too many sentences, the character limit, a line that cannot be encoded, no room
 in the queue, a decoder restarting or failed), then the wait for every sentence, bounded by the
-request timeout; whatever ends the wait early cancels the request's sentences still in flight."""
+request timeout; whatever ends the wait early cancels the request's sentences still in flight.
+
+Documents count as what the client sent (a text, a file), not as the sentences they are cut
+into: a 200-paragraph document is one text. Their sentences go to the engine in windows of half
+--max-request-sentences, two windows at a time, so that a document never holds more of the
+queue than a request of the most sentences, and the next window fills the engine while one
+finishes; its size is bounded by --char-limit and --max-body-bytes."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from beamplugin.serving.translator import RefusedSentence, Translation, Translat
 from beamplugin.streams import QueueFull, StreamClosed, StreamFailed
 
 RETRY_AFTER_SECONDS = 1
+WINDOWS_AT_ONCE = 2
 
 
 class Admission:
@@ -41,18 +48,54 @@ class Admission:
         nbest: int,
         pair: Pair,
         constraints: list[Constraints | None] | None = None,
+        documents: int | None = None,
     ) -> list[list[Translation]]:
         """The ``nbest`` best translations of each line in ``pair``, each holding its line's
         ``constraints`` (if any), in order; Refused if the request cannot be taken (nothing of
         it is then queued) or is not answered in time (its sentences are then cancelled, as
-        they are when the client goes away)."""
-        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-        stopping = Refused(503, "the server is stopping", retry, reason="stopping")
+        they are when the client goes away). With ``documents``, ``lines`` are the sentences
+        of that many documents: the documents count against the limit, and the sentences go
+        in windows."""
         if self.stopping:
-            raise stopping
-        if not 1 <= len(lines) <= self.max_sentences:
-            raise Refused(400, f"{len(lines)} sentences: a request has 1 to {self.max_sentences}")
+            raise self._stopping()
+        counted, what = (len(lines), "sentences") if documents is None else (documents, "texts")
+        if not 1 <= counted <= self.max_sentences:
+            raise Refused(400, f"{counted} {what}: a request has 1 to {self.max_sentences}")
         self.guards.check_characters(lines)
+        size = len(lines) if documents is None else max(1, self.max_sentences // WINDOWS_AT_ONCE)
+        windows = [range(start, min(start + size, len(lines)))
+                   for start in range(0, len(lines), size)]  # fmt: skip
+        gate = asyncio.Semaphore(WINDOWS_AT_ONCE)
+
+        async def window(numbers: range) -> list[list[Translation]]:
+            async with gate:
+                mine = None if constraints is None else [constraints[i] for i in numbers]
+                return await self._translate([lines[i] for i in numbers], nbest, pair, mine)
+
+        tasks = [asyncio.ensure_future(window(numbers)) for numbers in windows]
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                parts = await asyncio.gather(*tasks)
+        except TimeoutError:
+            raise Refused(
+                504,
+                f"not translated within the request timeout of {self.request_timeout:g} s",
+                reason="timeout",
+            ) from None
+        finally:  # a window refused, a timeout, the client gone: the others are cancelled
+            for task in tasks:
+                task.cancel()
+        return [translations for part in parts for translations in part]
+
+    def _stopping(self) -> Refused:
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+        return Refused(503, "the server is stopping", retry, reason="stopping")
+
+    async def _translate(
+        self, lines: list[str], nbest: int, pair: Pair, constraints: list[Constraints | None] | None
+    ) -> list[list[Translation]]:
+        """``lines`` encoded, queued and waited for (cancelled if the wait ends early)."""
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)}
         try:
             sources = self.translator.encode(lines, pair)
         except RefusedSentence as refusal:
@@ -71,16 +114,9 @@ class Admission:
         except StreamFailed as failed:  # the model failed earlier: every request is told
             raise Refused(500, str(failed)) from None
         except StreamClosed:
-            raise stopping from None
+            raise self._stopping() from None
         try:
-            async with asyncio.timeout(self.request_timeout):
-                results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-        except TimeoutError:
-            raise Refused(
-                504,
-                f"not translated within the request timeout of {self.request_timeout:g} s",
-                reason="timeout",
-            ) from None
+            results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         except ValueError as error:
             if constraints is None:
                 raise

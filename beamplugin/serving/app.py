@@ -7,18 +7,18 @@ while the aiohttp event loop only parses, encodes and answers. Options are fairs
 server's own (``--host``, ``--port``, ``--max-queued``, ...); each translation is what
 fairseq-interactive prints for the line (its ``D-`` text, base-2 scores).
 
-Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into
-sentences), ``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect`` and
-``GET /languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a .txt, .html,
-.srt or .docx file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``, ``GET
+Endpoints: ``POST /translate`` (LibreTranslate's API: texts and HTML documents, cut into sentences),
+``POST /v1/translate`` (n-best lists with scores and alignments), ``POST /detect`` and ``GET
+/languages`` (LibreTranslate's), ``POST /translate_file`` (LibreTranslate's: a .txt, .html, .srt,
+.docx or .odt file, fetched translated from ``GET /download_file/ID/NAME``), ``GET /health``, ``GET
 /metrics`` (Prometheus), ``GET /spec`` (OpenAPI 3.1, beamplugin.serving.spec), ``GET /docs`` (it,
 readable) and ``GET /`` (a page to try it). Bad input is answered with a status and ``{"error":
-"..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body neither JSON nor a form
-(nor multipart for a file), 503 with Retry-After when the queue has no room. Guards
-(beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's
-requests per minute, 400 over the character limit. A client that goes away, or a request not
-answered within ``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT) stops
-taking requests, answers every accepted one, then exits 0.
+"..."}``: 400, 413 for a body over ``--max-body-bytes``, 415 for a body neither JSON nor a form (nor
+multipart for a file), 503 with Retry-After when the queue has no room. Guards
+(beamplugin.serving.guards): 403 without a valid API key, 429 with Retry-After over a key's requests
+per minute, 400 over the character limit. A client that goes away, or a request not answered within
+``--request-timeout`` (504), has its sentences cancelled. SIGTERM (or SIGINT) stops taking requests,
+answers every accepted one, then exits 0.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from beamplugin.search.constraints import Constraints
 from beamplugin.serving.admission import Admission
 from beamplugin.serving.documents.files import translate_file
 from beamplugin.serving.documents.translation import translate_documents
@@ -63,7 +64,9 @@ DOCS = Path(__file__).with_name("docs.html")
 TRANSLATION_ENDPOINTS = ("/translate", "/v1/translate", "/translate_file")
 FILE_TYPES = {".txt": "text/plain", ".html": "text/html", ".htm": "text/html",
               ".srt": "application/x-subrip",
-              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document"}
+              ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+              ".odt": "application/vnd.oasis.opendocument.text"}
+BINARY = (".docx", ".odt")  # no charset in their content type
 
 
 class TranslationService:
@@ -171,10 +174,7 @@ class TranslationService:
                 find_terms,
             )  # fmt: skip
         else:
-            applied = [find_terms(line) if find_terms else [] for line in ask.lines]
-            constraints = None
-            if find_terms is not None:
-                constraints = [constraints_of(terms) or None for terms in applied]
+            applied, constraints = _sentence_terms(find_terms, ask.lines)
             translations = await self.admission.translate(ask.lines, nbest, ask.pair, constraints)
             texts = [[h.text for h in hypotheses] for hypotheses in translations]
         answer: dict[str, Any] = {"translatedText": [t[0] for t in texts]}
@@ -214,7 +214,7 @@ class TranslationService:
         extension = "." + name.rpartition(".")[2].lower()
         return web.Response(body=data, headers={
             "Content-Type": FILE_TYPES[extension]
-            + ("" if extension == ".docx" else "; charset=utf-8"),
+            + ("" if extension in BINARY else "; charset=utf-8"),
             "Content-Disposition": f'attachment; filename="{name}"',
         })  # fmt: skip
 
@@ -240,15 +240,20 @@ class TranslationService:
         body = await read_body(request)
         self.guards.admit(request, body)
         ask = NbestRequest.parse(body, self.served)
-        translations = await self.admission.translate(ask.sentences, ask.nbest, ask.pair)
-        return json_answer(
-            {
-                "translations": [
-                    {"hypotheses": [_hypothesis(h, ask.alignment) for h in hypotheses]}
-                    for hypotheses in translations
-                ]
-            }
+        applied, constraints = _sentence_terms(self._terms_finder(ask.glossary), ask.sentences)
+        translations = await self.admission.translate(
+            ask.sentences, ask.nbest, ask.pair, constraints
         )
+        answers = []
+        for hypotheses, terms in zip(translations, applied, strict=True):
+            answer: dict[str, Any] = {
+                "hypotheses": [_hypothesis(h, ask.alignment) for h in hypotheses]
+            }
+            if ask.glossary is not None:
+                answer["glossaryApplied"] = [{"source": t.source, "target": t.target}
+                                             for t in terms]  # fmt: skip
+            answers.append(answer)
+        return json_answer({"translations": answers})
 
     async def detect(self, request: web.Request) -> web.Response:
         """LibreTranslate's ``/detect``: ``q`` a text -> the model's source languages the
@@ -309,6 +314,17 @@ class TranslationService:
         inline = json.dumps(settings).replace("<", "\\u003c")
         html = PAGE.read_text().replace("__SETTINGS__", inline)
         return web.Response(text=html, content_type="text/html")
+
+
+def _sentence_terms(
+    find_terms: Callable[[str], list[Term]] | None, sentences: list[str]
+) -> tuple[list[list[Term]], list[Constraints | None] | None]:
+    """The glossary's terms found in each of ``sentences`` and the constraints they make (a
+    sentence without terms: None); no terms and no constraints without a glossary."""
+    if find_terms is None:
+        return [[] for _ in sentences], None
+    applied = [find_terms(sentence) for sentence in sentences]
+    return applied, [constraints_of(terms) or None for terms in applied]
 
 
 def _hypothesis(translation: Translation, alignment: bool) -> dict[str, Any]:

@@ -46,8 +46,8 @@ DECODING_OPTIONS = [
     (("--cpu",), None, "decode on the CPU even when CUDA is there"),
     (("--bf16",), None, "decode in bfloat16 (also --fp16, --int8)"),
     (("--print-alignment",), None, "serve alignments (/v1/translate's 'alignment')"),
-    (("--constraints",), "ordered|unordered", "apply requests' glossaries, their target terms "
-     "in the order their source terms are found (ordered) or in any order (unordered)"),
+    (("--constraints",), "ordered|unordered", "apply glossaries: their target terms in the "
+     "order their source terms are found (ordered) or in any order (unordered)"),
 ]
 
 
@@ -96,7 +96,8 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     server.add_argument(
         "--max-request-sentences", type=int, metavar="N",
-        help="sentences in one request (default: 64, or --max-queued if smaller)",
+        help="sentences in one request, a document (a text to split, a file) counting as one "
+        "(default: 64, or --max-queued if smaller)",
     )  # fmt: skip
     server.add_argument(
         "--max-body-bytes", type=int, default=1 << 20, metavar="BYTES",

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import docx
+import odfdo
 from aiohttp import web
 from docx.document import Document as DocxDocument
+from docx.section import _BaseHeaderFooter as BaseHeaderFooter
 from docx.table import _Cell
 from docx.text.paragraph import Paragraph
 
@@ -136,15 +138,17 @@ class LibreRequest:
 
 
 # LibreTranslate's file formats this server translates, each read as what it holds
-FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt", ".docx": "docx"}
+FILE_FORMATS = {".txt": "text", ".html": "html", ".htm": "html", ".srt": "srt", ".docx": "docx",
+                ".odt": "odt"}  # fmt: skip
 SAFE_NAME = re.compile(r"[^\w.-]+", re.ASCII)  # a name for a URL and a header
 
 
 @dataclass(frozen=True)
 class FileRequest:
     """``POST /translate_file``: the uploaded ``file``, ``data``, in ``format`` ("text",
-    "html", "srt" or "docx", by its extension) to translate in ``pair``; ``text`` what it says
-    (for a .docx, its paragraphs' text, a line each); ``name`` its name made safe for a URL."""
+    "html", "srt", "docx" or "odt", by its extension) to translate in ``pair``; ``text`` what
+    it says (for a .docx or .odt, its paragraphs' text, a line each); ``name`` its name made
+    safe for a URL."""
 
     name: str
     format: str
@@ -164,7 +168,8 @@ class FileRequest:
                                f"translated; these are: {', '.join(FILE_FORMATS)}")  # fmt: skip
         data = upload.file.read()
         text_format = FILE_FORMATS[extension]
-        text = _docx_text(data) if text_format == "docx" else _utf8(data)
+        read = {"docx": _docx_text, "odt": _odt_text}.get(text_format, _utf8)
+        text = read(data)
         if not text.strip():
             raise Refused(400, "'file' is empty: there is nothing to translate")
         detected = html.unescape(MARKUP.sub(" ", text)) if text_format == "html" else text
@@ -189,12 +194,31 @@ def _docx_text(data: bytes) -> str:
     return "\n".join(paragraph.text for paragraph in docx_paragraphs(document))
 
 
+def _odt_text(data: bytes) -> str:
+    """The text of an .odt's paragraphs and headings, a line each, or 400 if it is not one."""
+    try:
+        document = odfdo.Document(io.BytesIO(data))
+        kind = document.get_type()
+    except Exception:  # odfdo's errors on garbage say little: a TypeError, a KeyError
+        raise Refused(400, "'file' is not an OpenDocument text (.odt)") from None
+    if kind != "text":
+        raise Refused(400, f"'file' is not an OpenDocument text (.odt): it holds a {kind}")
+    return "\n".join(str(paragraph).rstrip("\n") for paragraph in odt_paragraphs(document))
+
+
+def odt_paragraphs(document: odfdo.Document) -> list[odfdo.Element]:
+    """The paragraphs and headings of an .odt's text, in document order (nested ones too: a
+    table cell's, a note's, a text frame's)."""
+    return list(document.body.get_elements("descendant::text:p | descendant::text:h"))
+
+
 def docx_paragraphs(document: DocxDocument) -> list[Paragraph]:
-    """The paragraphs of a .docx's body and of its tables (nested ones too), each once."""
+    """The paragraphs of a .docx's body, of its sections' headers and footers (first-page and
+    even-page ones too) and of their tables (nested ones too), each once."""
     found: list[Paragraph] = []
     seen: set[int] = set()  # a merged cell is every cell it covers: its paragraphs once
 
-    def walk(container: DocxDocument | _Cell) -> None:
+    def walk(container: DocxDocument | _Cell | BaseHeaderFooter) -> None:
         for paragraph in container.paragraphs:
             if id(paragraph._p) not in seen:
                 seen.add(id(paragraph._p))
@@ -205,6 +229,13 @@ def docx_paragraphs(document: DocxDocument) -> list[Paragraph]:
                     walk(cell)
 
     walk(document)
+    for section in document.sections:
+        for part in (section.header, section.footer, section.first_page_header,
+                     section.first_page_footer, section.even_page_header,
+                     section.even_page_footer):  # fmt: skip
+            # a linked one is the previous section's (reading it would add one of its own)
+            if not part.is_linked_to_previous:
+                walk(part)
     return found
 
 
@@ -265,12 +296,14 @@ def glossary_field(body: dict[str, Any], served: Served) -> list[tuple[str, str]
 @dataclass(frozen=True)
 class NbestRequest:
     """``/v1/translate``: ``sentences``, ``nbest`` hypotheses of each, with ``alignment``, in
-    ``pair`` (the default one unless ``source``/``target`` say)."""
+    ``pair`` (the default one unless ``source``/``target`` say), under ``glossary`` (as
+    /translate's)."""
 
     sentences: list[str]
     nbest: int
     alignment: bool
     pair: Pair
+    glossary: list[tuple[str, str]] | str | None = None
 
     @classmethod
     def parse(cls, body: dict[str, Any], served: Served) -> NbestRequest:
@@ -284,7 +317,7 @@ class NbestRequest:
             raise Refused(400, "'alignment' must be true or false")
         if alignment and not served.aligns:
             raise Refused(400, "alignments are served when the server runs with --print-alignment")
-        return cls(sentences, nbest, alignment, pair)
+        return cls(sentences, nbest, alignment, pair, glossary_field(body, served))
 
 
 def _check_encodable(text: str, where: str) -> None:

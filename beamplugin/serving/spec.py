@@ -107,13 +107,13 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
         "/translate_file": {"post": {
             "summary": "Translate a file (LibreTranslate's): .txt and .html as /translate's "
                        "text and html, .srt one cue a sentence, numbering and timings kept, "
-                       ".docx its paragraphs, runs and the rest kept",
+                       ".docx and .odt their paragraphs, runs and the rest kept",
             "security": security,
             "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
                 "type": "object", "required": ["file", "source", "target"],
                 "properties": {
                     "file": {"type": "string", "contentMediaType": "application/octet-stream",
-                             "description": ".txt, .html, .htm or .srt (UTF-8), or .docx"},
+                             "description": ".txt, .html, .htm or .srt (UTF-8), .docx or .odt"},
                     **_pair(s, optional=False),
                     "api_key": {"type": "string"},
                 },
@@ -127,7 +127,7 @@ def _paths(s: SpecSettings) -> dict[str, Any]:
                 }),
                 **_translation_errors(s, "The body is not multipart/form-data",
                                       "no file, an extension not listed, an empty file or "
-                                      "one not UTF-8, a .srt or .docx that does not parse"),
+                                      "one not UTF-8, a .srt, .docx or .odt that does not parse"),
             },
         }},
         "/download_file/{key}/{name}": {"get": {
@@ -283,6 +283,7 @@ def _v1_request(s: SpecSettings) -> dict[str, Any]:
                 + ("" if s.aligns else " (this server runs without --print-alignment: 400)"),
             },  # fmt: skip
             **_pair(s, optional=True),
+            "glossary": _glossary(s),
             "api_key": {"type": "string"},
         },
     }
@@ -370,7 +371,13 @@ def _schemas(s: SpecSettings) -> dict[str, Any]:
                         "properties": {
                             "hypotheses": {"type": "array", "items": hypothesis,
                                            "minItems": 1, "maxItems": s.beam},  # fmt: skip
+                            "glossaryApplied": {
+                                "type": "array", "items": applied,
+                                "description": "with a glossary: the terms found in the "
+                                               "sentence",
+                            },  # fmt: skip
                         },
+                        "additionalProperties": False,
                     },
                 }
             },

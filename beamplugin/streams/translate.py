@@ -11,25 +11,29 @@ from torch import Tensor
 
 from beamplugin.engine.choice import engine_for
 from beamplugin.engine.engine import Decoder
+from beamplugin.engine.requests import Request
+from beamplugin.search.constraints import Constraints
 from beamplugin.search.nbest import Hypothesis
 from beamplugin.streams.run import IteratorSource, run, sentence_request
 
 
 def translate(
     generator: Decoder,
-    sentences: Iterable[Tensor],
+    sentences: Iterable[Tensor | tuple[Tensor, Constraints | None]],
     max_sentences: int | None = 64,
     max_tokens: int | None = None,
     ordered: bool = False,
 ) -> Iterator[tuple[int, list[Hypothesis] | Exception]]:
-    """Decode ``sentences`` (1-D token tensors ending in EOS) as one stream, with at most
-    ``max_sentences`` sentences / ``max_tokens`` tokens (beam x source length) in flight.
+    """Decode ``sentences`` (1-D token tensors ending in EOS, or such a tensor with the
+    sentence's constraints: token sequences its hypotheses must contain, met as the generator's
+    ``--constraints`` says) as one stream, with at most ``max_sentences`` sentences /
+    ``max_tokens`` tokens (beam x source length) in flight.
 
     Yields ``(index, hypotheses best first)``, or ``(index, error)`` for a sentence that cannot
     be decoded, as soon as each is finished; ``ordered``: in input order instead.
     """
     engine = engine_for(generator, max_sentences, max_tokens)
-    requests = (sentence_request(i, tokens, None) for i, tokens in enumerate(sentences))
+    requests = (_request(i, sentence) for i, sentence in enumerate(sentences))
     with torch.inference_mode():
         results = ((f.key, f.error or f.hypotheses) for f in run(engine, IteratorSource(requests)))
         if not ordered:
@@ -42,3 +46,11 @@ def translate(
             while next_index in waiting:
                 yield next_index, waiting.pop(next_index)
                 next_index += 1
+
+
+def _request(index: int, sentence: Tensor | tuple[Tensor, Constraints | None]) -> Request:
+    """The request of the ``index``-th sentence, its constraints with it if it has any."""
+    if isinstance(sentence, tuple):
+        tokens, constraints = sentence
+        return sentence_request(index, tokens, None, constraints=constraints)
+    return sentence_request(index, sentence, None)

@@ -2,7 +2,8 @@
  * mask of its history, then for each layer the self-attention over the rows' histories, the cross-attention over their sentences' encoder memory, the feed-forward,
  * each sublayer's residual and layer norm (before its products in a pre-norm layer, inside its
  * last product in a post-norm one), calling the float32 product, norm and attention kernels of
- * products.c (or int8_products.c) and attention.c through the pointers it is given. Python made the same calls one
+ * products.c (or int8_products.c, or bf16_products.c's float32 rows on bfloat16 weights) and
+ * attention.c through the pointers it is given. Python made the same calls one
  * by one, 5-6 us each at a step's few rows, some 150 us a step for 3 layers (docs/speed.md):
  * the same kernels in the same order, so the same bits; last the final norm and the output
  * projection. */
@@ -23,6 +24,10 @@ typedef int (*int8_products_fn)(const float *x, int64_t ldx, int64_t k, float sm
                                 const float *channel_scales, const float *bias,
                                 const float *residual, int64_t ldr, float *y, int64_t ldy,
                                 int64_t m, int64_t n, int relu, int threads);
+typedef int (*bf16_products_fn)(const float *x, int64_t ldx, const void *panels,
+                                const float *bias, const float *residual, int64_t ldr, float *y,
+                                int64_t ldy, int64_t m, int64_t n, int64_t k_len, int relu,
+                                int threads);
 typedef void (*norm_fn)(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m, int64_t n,
                         const float *gamma, const float *beta, float eps, int threads);
 typedef int (*self_attention_fn)(const float *qkv, int64_t qkv_stride, float *keys,
@@ -38,11 +43,12 @@ typedef void (*cross_attention_fn)(const float *q, int64_t q_stride, const float
                                    int64_t heads, int64_t head_dim, int64_t src, int threads);
 
 struct product { /* a packed weight [out, in], its bias and a post-norm (gamma NULL: none) */
-    const void *panels; /* float32, or int8 where sums is not NULL */
+    const void *panels; /* float32, int8 where sums is not NULL, bfloat16 where bf16 */
     const int32_t *sums;
     const float *scales, *bias, *gamma, *beta;
     float eps;
     int64_t out, in;
+    int bf16;
 };
 
 struct norm { /* a pre-norm layer's norm of a sublayer's input (gamma NULL: post-norm) */
@@ -75,6 +81,7 @@ struct step {
     float *logits;
     products_fn products;
     int8_products_fn int8_products;
+    bf16_products_fn bf16_products;
     float smallest; /* an int8 row scale's least */
     norm_fn norm;
     self_attention_fn self_attention;
@@ -90,9 +97,9 @@ struct step {
     int64_t alignment_width;
     float *x, *a, *b, *normed, *qkv, *context, *query, *inner; /* scratch, rows wide */
     int threads;
-    int failed; /* written: 1 if the self-attention refused its sources, 2 if an int8 product
-                   could not allocate its quantized rows, 3 for a token or position outside its
-                   table */
+    int failed; /* written: 1 if the self-attention refused its sources, 2 if an int8 or bf16
+                   product could not allocate its rounded rows, 3 for a token or position
+                   outside its table */
 };
 
 static int threads_for(const struct step *s, int64_t work)
@@ -100,19 +107,22 @@ static int threads_for(const struct step *s, int64_t work)
     return work >= PARALLEL_WORK ? s->threads : 1;
 }
 
-/* 0, or -1 if an int8 product could not allocate its quantized rows */
+/* 0, or -1 if an int8 or bf16 product could not allocate its rounded rows */
 static int product(const struct step *s, const struct product *p, const float *x, int64_t ldx,
                    const float *residual, float *y, int relu)
 {
     int threads = threads_for(s, s->rows * p->out * p->in);
-    if (!p->sums) {
+    if (p->bf16) {
+        if (s->bf16_products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y,
+                             p->out, s->rows, p->out, p->in, relu, threads))
+            return -1;
+    } else if (!p->sums) {
         s->products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y, p->out,
                     s->rows, p->out, p->in, relu, p->gamma, p->beta, p->eps, threads);
         return 0;
-    }
-    if (s->int8_products(x, ldx, p->in, s->smallest, p->panels, p->sums, p->scales, p->bias,
-                         residual, residual ? p->out : 0, y, p->out, s->rows, p->out, relu,
-                         threads))
+    } else if (s->int8_products(x, ldx, p->in, s->smallest, p->panels, p->sums, p->scales,
+                                p->bias, residual, residual ? p->out : 0, y, p->out, s->rows,
+                                p->out, relu, threads))
         return -1;
     if (p->gamma)
         s->norm(y, p->out, y, p->out, s->rows, p->out, p->gamma, p->beta, p->eps,

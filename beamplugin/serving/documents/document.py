@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 
 from beamplugin.serving.documents.sentences import Segment, segments
 
+# A mark between two of a file's pieces of text (a .docx's runs, an .odt's spans): a private-use
+# character, in no text a model translates
+BOUNDARY = "\ue000"
 WORD = re.compile(r"\w+")  # punctuation is not a word: a tag closes before "!"
 
 

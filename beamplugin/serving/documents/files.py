@@ -4,7 +4,8 @@ translates a text and an HTML document; a subtitle file (SubRip, read and writte
 a sentence split across them would be translated in halves), numbering and timings kept; a
 Word file (.docx, by ``python-docx``) each paragraph a text cut into sentences, its runs
 (stretches of one formatting) kept: a run boundary is a mark of the paragraph's text, put back
-by word position as HTML's inline tags are, and everything else of the file is copied."""
+by word position as HTML's inline tags are, and everything else of the file is copied; an
+OpenDocument text (.odt) likewise (:mod:`.odt`)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,11 @@ import srt
 
 from beamplugin.fairseq_plugin.language_pairs import Pair
 from beamplugin.serving.admission import Admission
-from beamplugin.serving.documents.document import Document, Run
+from beamplugin.serving.documents.document import BOUNDARY, Document, Run
+from beamplugin.serving.documents.odt import translate_odt
 from beamplugin.serving.documents.translation import translate_documents
 from beamplugin.serving.requests import FileRequest, docx_paragraphs
 from beamplugin.serving.responses import Refused
-
-RUN_BOUNDARY = "\ue000"  # a private-use character: in no text a model translates
 
 
 async def translate_file(
@@ -30,6 +30,8 @@ async def translate_file(
     """The file ``ask`` gives, translated, in the same format."""
     if ask.format == "docx":
         return await _translate_docx(admission, ask.data, ask.pair, fits)
+    if ask.format == "odt":
+        return await translate_odt(admission, ask.data, ask.pair, fits)
     if ask.format == "srt":
         return (await _translate_srt(admission, ask.text, ask.pair)).encode("utf-8")
     [[translated]], _ = await translate_documents(admission, [ask.text], ask.format, 1, ask.pair,
@@ -47,15 +49,15 @@ async def _translate_docx(
         run = Run()
         for number, piece in enumerate(paragraph.runs):
             if number:
-                run.add_mark(RUN_BOUNDARY)
+                run.add_mark(BOUNDARY)
             run.add_text(piece.text)
         texts.append(Document([run], pair[0], fits, lines_end_sentences=True))
     units = [unit for text in texts for unit in text.units]
-    translations = iter(await admission.translate(units, 1, pair) if units else [])
+    translations = iter(await admission.translate(units, 1, pair, documents=1) if units else [])
     for paragraph, text in zip(paragraphs, texts, strict=True):
         if text.units:
             mine = [next(translations)[0].text for _ in text.units]
-            pieces = text.assemble(mine).split(RUN_BOUNDARY)
+            pieces = text.assemble(mine).split(BOUNDARY)
             for piece, translated in zip(paragraph.runs, pieces, strict=True):
                 piece.text = translated
     out = io.BytesIO()
@@ -72,7 +74,7 @@ async def _translate_srt(admission: Admission, text: str, pair: Pair) -> str:
     spoken = [unit for unit in units if any(c.isalpha() for c in unit)]  # else copied
     if not spoken:
         raise Refused(400, "'file' has no cue to translate")
-    translations = iter(await admission.translate(spoken, 1, pair))
+    translations = iter(await admission.translate(spoken, 1, pair, documents=1))
     for cue, unit in zip(cues, units, strict=True):
         if any(c.isalpha() for c in unit):
             cue.content = next(translations)[0].text

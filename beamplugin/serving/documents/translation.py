@@ -32,7 +32,7 @@ async def translate_documents(
 ) -> tuple[list[list[str]], list[list[Term]]]:
     """The ``nbest`` translations of each of ``texts`` (``text_format`` "text" or "html") in
     ``pair``: translation k of a document puts together hypothesis k of each of its
-    sentences. Refused as Admission refuses (counting sentences, not documents); a document
+    sentences. Refused as Admission refuses (counting documents, not sentences); a document
     with no sentence to translate (numbers, markup only) is answered as it is. With
     ``find_terms`` (a sentence's glossary terms), each sentence's translation holds its terms'
     targets; also returned: the terms applied in each document, in the order found."""
@@ -46,7 +46,8 @@ async def translate_documents(
     if find_terms is not None:
         found = await asyncio.to_thread(lambda: [find_terms(unit) for unit in units])
         constraints = [constraints_of(terms) or None for terms in found]
-    translations = await admission.translate(units, nbest, pair, constraints) if units else []
+    translations = await admission.translate(units, nbest, pair, constraints, documents=len(texts)
+                                             ) if units else []  # fmt: skip
 
     def assemble() -> tuple[list[list[str]], list[list[Term]]]:
         answers, applied, start = [], [], 0
