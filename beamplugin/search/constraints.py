@@ -104,7 +104,8 @@ def constrained_step(
     progress: list[Progress] = []
     for group in groups:
         scores, lists = _candidates(group, k, eos)
-        columns["nan"].append(scores.isnan().any(1))
+        if res.first_nan is not None:  # else beam_step's kernel saw no NaN in any row
+            columns["nan"].append(scores.isnan().any(1))
         picked, ending, order, states = _striped(group, scores, lists, k, beam, eos)
         # every integer column of the group in one tensor: candidates' positions, tokens and
         # hypotheses (k each), then the next beam's positions, tokens, hypotheses and which
@@ -127,20 +128,16 @@ def constrained_step(
             columns[name].append(value)
         progress += [Progress(s.progress.states, own) for s, own in zip(group, states, strict=True)]
     ordered = [s for group in groups for s in group]
-    index = torch.tensor([s.index for s in ordered], device=res.cand_scores.device)
     joined = {name: parts[0] if len(parts) == 1 else torch.cat(parts)
               for name, parts in columns.items()}  # fmt: skip
+    nan = joined.pop("nan", None)
+    index = torch.tensor([s.index for s in ordered], device=res.cand_scores.device)
     replaced = {
         name: getattr(res, name).index_copy(0, index, value.to(getattr(res, name).dtype))
         for name, value in joined.items()
-        if name != "nan"
     }
-    # a NaN log-prob (ranked first by torch.topk): the caller makes them -inf and steps again
-    nan = joined["nan"].view(-1, 1)
-    if res.first_nan is not None or bool(nan.any()):
-        first_nan = res.first_nan if res.first_nan is not None else nan.new_zeros(
-            res.cand_scores.size(0), 1)  # fmt: skip
-        replaced["first_nan"] = first_nan.index_copy(0, index, nan)
+    if nan is not None:  # a NaN log-prob: the caller makes them -inf and steps again
+        replaced["first_nan"] = res.first_nan.index_copy(0, index, nan.view(-1, 1))
     by_sentence = {s.index: p for s, p in zip(ordered, progress, strict=True)}
     return res._replace(**replaced), [by_sentence[s.index] for s in sentences]
 
