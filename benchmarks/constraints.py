@@ -260,7 +260,7 @@ def main() -> None:
                 # (a stream's: printed, not recorded: the table's column is fairseq's)
                 same_as_reference=None if comparison.split()[0] in ("none", "stream")
                 else _same(outputs[key][0], outputs[reference][0], False),
-                command=command_line(__spec__.name), **where, **extra,
+                command=command_line(), **where, **extra,
             ))  # fmt: skip
     print("| model | comparison | system | tokens/s | ratio | same best as reference |")
     print("| --- | --- | --- | --- | --- | --- |")
