@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             terms_present=round(met / total, 4), terms_whole_words=round(whole / total, 4),
             same_as_reference=f"{same}/{len(kept)} translations"
             if (row, system) == ("glossary-quality", "ours") else None,
-            command=command_line(__spec__.name, argv), **machine(threads=args.threads),
+            command=command_line(), **machine(threads=args.threads),
         ))  # fmt: skip
     records.sort(key=lambda one: one["row"] != "glossary-quality")  # the tables' order
     print(f"ours constrained = fairseq constrained on {same}/{len(kept)} translations")

@@ -17,7 +17,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # tests the trials themselves.
     if not instruction_sets.pinned():
         best = next(isa for isa in instruction_sets.SETS if instruction_sets.runs_here(isa))
-        os.environ[instruction_sets.CHOICE] = best.name
+        # on a CPU with AMX the best is AVX-512 with its bfloat16 products on AMX's tiles
+        # (BEAMPLUGIN_ISA=avx512 would rule them out)
+        amx = best == instruction_sets.AVX512 and (
+            instruction_sets.AMX_FEATURES <= instruction_sets.cpu_features()
+        )
+        os.environ[instruction_sets.CHOICE] = instruction_sets.AMX if amx else best.name
     config.addinivalue_line(
         "markers",
         "exact: bit-for-bit tests of our kernels and of decoding, which make test runs again "

@@ -229,6 +229,10 @@ def test_the_amx_kernels_tiles_emulated_give_a_rows_bits_whatever_its_batch(tmp_
     avx512 = bf16_kernels.named(bf16_kernels.AVX512_BF16)
     if avx512 is None or shutil.which(CC) is None:
         pytest.skip("no AVX512-BF16 kernel or no C compiler here")
+    if bf16_kernels.named(bf16_kernels.AMX) is not None:
+        # (and gcc 13's headers, with AMX's real flags available, keep the emulated build's kernel
+        # out: seen on a Sapphire Rapids host)
+        pytest.skip("the real AMX kernel runs here: the tests above run it on the tiles")
     library = tmp_path / "amx_emulation.so"
     flags = [*native_library.FLAGS, *instruction_sets.build_flags(AVX512)]
     source = str(Path(__file__).with_name("amx_emulation.c"))

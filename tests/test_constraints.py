@@ -8,19 +8,25 @@ sentences each gets bit for bit what it gets alone."""
 from __future__ import annotations
 
 import copy
+import random
 
 import pytest
 import torch
 from builders import BUILDERS, assert_identical, assert_same, one_sentence
 from fairseq import search
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from fairseq.token_generation_constraints import pack_constraints
+from fairseq.token_generation_constraints import (
+    OrderedConstraintState,
+    UnorderedConstraintState,
+    pack_constraints,
+)
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
 from beamplugin.engine.choice import open_engine
 from beamplugin.fairseq_plugin.precision import cast_for_decoding
 from beamplugin.modules import int8_weights
+from beamplugin.search.constraint_states import ROOT, ConstraintStates
 from beamplugin.streams import IteratorSource, run, sentence_request, translate
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.exact]
@@ -64,15 +70,37 @@ def streamed(gen, sentences, constraints, order, **capacity) -> dict:
 @pytest.mark.parametrize("representation", ["ordered", "unordered"])
 @pytest.mark.parametrize("beam", range(1, 9))
 def test_equals_fairseq_alone_and_batched(vocab, models, sentences, arch, representation, beam):
-    model = models[arch][0]
     options = dict(beam_size=beam, max_len_b=(4, 8, 20)[beam % 3])
-    count = len(CONSTRAINTS)
+    _equals_fairseq(vocab, models[arch][0], sentences, representation, CONSTRAINTS, options)
+
+
+# where batched states could part from fairseq's objects: a token repeated in a constraint,
+# constraints sharing a prefix, one a prefix of another, overlapping ones (unordered: each
+# one's end starts the other), the same constraint twice, many one-token constraints
+TRICKY = [
+    [[5, 6, 5, 7]], [[5, 6], [5, 7]], [[5], [5, 6, 7]], [[6, 7], [7, 8]], [[9, 9, 9]],
+    [[4], [4], [8, 4]], [[10, 11], [11, 10]], [[12], [13], [14], [15]], [[16, 17, 16]],
+]
+
+
+@pytest.mark.parametrize("arch", ["convs2s", "transformer"])
+@pytest.mark.parametrize("representation", ["ordered", "unordered"])
+@pytest.mark.parametrize("beam", [1, 8])
+def test_tricky_constraints_equal_fairseq(vocab, models, sentences, arch, representation, beam):
+    options = dict(beam_size=beam, max_len_b=12)
+    _equals_fairseq(vocab, models[arch][0], sentences, representation, TRICKY, options)
+
+
+def _equals_fairseq(vocab, model, sentences, representation, constraints, options) -> None:
+    """Each sentence with its constraints: fairseq's hypotheses and scores (or its failure), in a
+    stream of four, and bit for bit what it gets alone."""
+    count = len(constraints)
     gen = generator(model, vocab, representation, **options)
     order = list(reversed(range(count)))
-    results = streamed(gen, sentences, CONSTRAINTS, order, max_sentences=4)
+    results = streamed(gen, sentences, constraints, order, max_sentences=4)
     failures = 0
     for i in range(count):
-        ref = fairseq_alone(model, vocab, representation, sentences[i], CONSTRAINTS[i], **options)
+        ref = fairseq_alone(model, vocab, representation, sentences[i], constraints[i], **options)
         ours = results[i]
         if isinstance(ref, AssertionError):
             failures += 1
@@ -83,12 +111,38 @@ def test_equals_fairseq_alone_and_batched(vocab, models, sentences, arch, repres
         # alone = in a stream of four, constrained and not, bit for bit
         alone = gen.generate(None, one_sentence(sentences[i]),
                              constraints=pack_constraints([[torch.tensor(c)
-                                                            for c in CONSTRAINTS[i]]]))  # fmt: skip
+                                                            for c in constraints[i]]]))  # fmt: skip
         assert_identical(alone, [ours.hypotheses])
         for hypothesis in ours.hypotheses:
             tokens = hypothesis["tokens"].tolist()
-            assert all(_contains(tokens, c) for c in CONSTRAINTS[i]), f"sentence {i}"
+            assert all(_contains(tokens, c) for c in constraints[i]), f"sentence {i}"
     assert failures < count  # most sentences meet their constraints
+
+
+@pytest.mark.parametrize("representation", ["ordered", "unordered"])
+def test_states_are_fairseqs(representation):
+    """Random walks of tokens through random constraints (repeats, shared prefixes, restarts):
+    every state reached has fairseq's bank, finished and next tokens, and banks weigh what
+    fairseq's sort weighs them."""
+    rng = random.Random(representation)
+    make = OrderedConstraintState if representation == "ordered" else UnorderedConstraintState
+    for _ in range(300):
+        constraints = [[rng.randint(4, 8) for _ in range(rng.randint(1, 4))]
+                       for _ in range(rng.randint(1, 4))]  # fmt: skip
+        theirs = make.create(pack_constraints([[torch.tensor(c) for c in constraints]])[0])
+        states = ConstraintStates(constraints, representation)
+        assert states.sort_tokens == len(theirs.tokens)
+        ours = ROOT
+        for _ in range(25):
+            token = rng.randint(3, 10)
+            theirs, ours = theirs.advance(token), states.advance(ours, token)
+            assert states.bank[ours] == theirs.bank
+            assert states.finished[ours] == theirs.finished
+            expected = [int(t) for t in theirs.next_tokens()]
+            if representation == "ordered":  # fairseq's order there is its tensors' addresses
+                assert sorted(states.next_tokens[ours]) == sorted(expected)
+            else:
+                assert states.next_tokens[ours] == expected
 
 
 @pytest.mark.parametrize(

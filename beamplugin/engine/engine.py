@@ -31,7 +31,7 @@ from beamplugin.engine.slots import Sentence, Slots
 from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.runtime.heap import keep_freed_memory
 from beamplugin.search.beam_step import BeamStep, step_laid_out
-from beamplugin.search.constraints import ConstrainedSentence, ConstraintState, constrained_step
+from beamplugin.search.constraints import ConstrainedSentence, Progress, constrained_step
 from beamplugin.search.log_prob_rules import LogProbRules
 from beamplugin.search.options import DecodingOptions
 
@@ -190,7 +190,7 @@ class DecodingEngine:
 
     def _search(
         self, lprobs: Tensor
-    ) -> tuple[BeamStep, StepStatus, list[tuple[int, list[ConstraintState]]]]:
+    ) -> tuple[BeamStep, StepStatus, list[tuple[int, Progress]]]:
         """The beam step of every live sentence and its status on the host (the step's one
         synchronisation, but for sentences with lexical constraints); with the constraint
         states of their next beams, by live sentence."""

@@ -26,7 +26,7 @@ from beamplugin.engine.ensemble import EncoderMemory, EnsembleDecoder
 from beamplugin.engine.scheduler import Waiting
 from beamplugin.modules.output_columns import OutputColumns, shortlist_columns
 from beamplugin.runtime.host_transfer import to_device, to_host
-from beamplugin.search.constraints import ConstraintState, initial_state
+from beamplugin.search.constraints import Progress, initial_progress
 from beamplugin.search.log_prob_rules import StepView
 from beamplugin.search.nbest import NBest
 from beamplugin.search.options import DecodingOptions
@@ -49,7 +49,7 @@ class Sentence:
     block: int = 0  # its width block among the sentences with beam rows
     cancelled: bool = False  # leaves at the end of the next step, with no result
     # its hypotheses' progress through its lexical constraints (None: it has none)
-    constraints: list[ConstraintState] | None = None
+    constraints: Progress | None = None
     error: Exception | None = None  # why it has no result (its constraints were not met)
 
 
@@ -113,7 +113,7 @@ class Slots:
                     nbest=NBest(self.beam, evict_worst=options.stopping == "exact"),
                     bos=request.bos,
                     shortlist=shortlists[row],
-                    constraints=[initial_state(constraints[row], options.constraints)]
+                    constraints=initial_progress(constraints[row], options.constraints)
                     if constraints[row] else None,
                 )
                 for row, key in enumerate(request.keys)
