@@ -10,12 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/amx_check}
 mkdir -p "$OUT"
-if ! python3 -c "import fairseq" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+source benchmarks/device_setup.sh
 # a fresh kernel cache: the libraries and trial verdicts of this code on this CPU
 export BEAMPLUGIN_CACHE=$OUT/cache
 { grep -m1 'model name' /proc/cpuinfo; grep -o 'amx[a-z_0-9]*' /proc/cpuinfo | sort -u; \
