@@ -458,6 +458,9 @@ def test_a_killed_decoder_process_is_replaced(toy, interactive):
     first_pid = stream.pid
 
     async def talk(session: aiohttp.ClientSession, url: str) -> list:
+        # Stopped first, so that it cannot answer any sentence before it is killed (a loaded
+        # machine's HTTP is slower than the toy model).
+        os.kill(first_pid, signal.SIGSTOP)
         during = [
             asyncio.create_task(status_and_json(session.post(
                 url + "/v1/translate", json={"sentences": LINES[i : i + 4]}
@@ -484,7 +487,7 @@ def test_a_killed_decoder_process_is_replaced(toy, interactive):
 
     answers, health, meanwhile, after, metrics = talk_to_app(translator, talk)
     died = f"the decoder process ended (exit code -{signal.SIGKILL.value})"
-    # batch 2: the sentences of every request were still held; each failed with the exit code
+    # the sentences of every request were still held; each failed with the exit code
     assert answers == [(500, {"error": f"internal error: {died}"})] * 4
     assert health[0] == 503 and health[1]["status"] == "restarting", health
     assert meanwhile[0] == 503 and "restarting" in meanwhile[1]["error"] and meanwhile[2] == "1"
