@@ -129,12 +129,12 @@ class SelfAttentionHistory:
         if order is not None:
             live = live.index_select(0, order)
         end = state["end"]
-        columns_of = torch.arange(end - kept, end, device=like.device)
+        columns = _columns_of(old[0], live, torch.arange(end - kept, end, device=like.device))
         # a layer at a time: no copy of the whole live history beside the two buffers (0.25 GB
         # at 64 sentences of a base transformer, at the step that holds the most)
         for index in range(old.size(0)):
-            moved = old[index].transpose(1, 2)[live, columns_of]  # rows, kept, heads, dim
-            spare[index, :rows, :, start - kept : start] = moved.transpose(1, 2)
+            moved = _by_column(old[index]).index_select(0, columns)
+            spare[index, :rows, :, start - kept : start] = moved.view(rows, self.heads, kept, -1)
             if outgrown:
                 pages.discard(old[index])
         if outgrown:
@@ -153,3 +153,23 @@ class SelfAttentionHistory:
         """Keep the rows ``new_order`` at the next step (noted: it gathers their sources)."""
         noted = state.get("order")
         state["order"] = new_order if noted is None else noted.index_select(0, new_order)
+
+
+def _by_column(layer: Tensor) -> Tensor:
+    """A layer's buffer ``[slots, heads, columns, head_dim]`` (columns consecutive) as its
+    columns, one a row (``[n, head_dim]``, a view): whole columns gathered by index_select
+    move the history 2-2.5x faster than an advanced index of the buffer's dimensions."""
+    slots, heads, columns, head_dim = layer.shape
+    slot_stride, head_stride = layer.stride(0), layer.stride(1)
+    n = ((slots - 1) * slot_stride + (heads - 1) * head_stride) // head_dim + columns
+    return layer.as_strided((n, head_dim), (head_dim, 1))
+
+
+def _columns_of(layer: Tensor, live: Tensor, columns: Tensor) -> Tensor:
+    """``[rows x heads x kept]``: the row of :func:`_by_column` that holds column
+    ``columns[c]`` of slot ``live[r, c]``, head by head, for each row ``r``."""
+    heads, head_dim = layer.size(1), layer.size(3)
+    slot_stride, head_stride = layer.stride(0) // head_dim, layer.stride(1) // head_dim
+    head = torch.arange(heads, device=live.device).view(1, heads, 1)
+    return (live.unsqueeze(1) * slot_stride + head * head_stride + columns).view(-1)
+
