@@ -34,6 +34,7 @@ from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled, lane_widt
 from beamplugin.modules.output_columns import OutputColumns
 from beamplugin.modules.prepared_linear import PreparedLinear
 from beamplugin.modules.self_attention_history import SelfAttentionHistory, Window
+from beamplugin.modules.width_groups import width_groups
 from beamplugin.runtime import pages
 
 Memory = dict[str, Tensor | None]
@@ -130,7 +131,9 @@ class PooledTransformerEncoder(nn.Module):
         and to the width the memory pool reads at least (beamplugin.modules.memory_pool: each
         sentence then gets the same bits alone or batched; a new batch's memory becomes the
         pool's as it is). Only the attention reads that padding: the products and norms run on the
-        sources' own width (zeros, masked, stand for the lanes' keys and values)."""
+        sources' own width (zeros, masked, stand for the lanes' keys and values); on our kernels,
+        sentences of similar width together, each group on its own widest
+        (beamplugin.modules.width_groups)."""
         weights = self.weights.current()
         tokens = net_input["src_tokens"]
         sentences, width = tokens.shape
@@ -143,36 +146,62 @@ class PooledTransformerEncoder(nn.Module):
         bias = x.new_zeros(sentences, 1, 1, src).masked_fill_(
             padding.view(sentences, 1, 1, src), -math.inf
         )
-        x = x.reshape(sentences * width, -1)
+        keys, values = self._memory_buffers(sentences, src, x)
         in_kernel = weights.encoder_in_kernel
-        if in_kernel is not None and float_attention.serves(
-            x, in_kernel.heads, in_kernel.head_dim
-        ):
-            x = in_kernel(x.contiguous(), sentences, bias[..., src - width :])
-        else:
+        if in_kernel is None or not float_attention.serves(x, in_kernel.heads, in_kernel.head_dim):
+            x = x.reshape(sentences * width, -1)
             for layer, prepared in zip(encoder.layers, weights.encoder_layers, strict=True):
                 x = _encoder_layer(layer, prepared, x, bias, sentences)
-        if encoder.layer_norm is not None:
-            x = _norm(encoder.layer_norm, x)
-        return {"attention_memory": self._attention_memory(weights, x, bias, sentences)}
+            self._project(weights, self._final_norm(x), keys, values, None)
+            return {"attention_memory": self._attention_memory(keys, values, bias)}
+        # the positions from each sentence's first own token on (left-padded: its own)
+        spans = width - tokens.ne(self.pad).int().argmax(1)
+        for group, group_width in width_groups(spans.tolist()):
+            index = torch.tensor(group, device=x.device)
+            part = x.index_select(0, index)[:, width - group_width :].reshape(-1, x.size(2))
+            part = in_kernel(part.contiguous(), len(group), bias[index, ..., src - group_width :])
+            self._project(weights, self._final_norm(part), keys, values, index)
+        return {"attention_memory": self._attention_memory(keys, values, bias)}
 
-    def _attention_memory(
-        self, weights: TransformerWeights, x: Tensor, bias: Tensor, sentences: int
-    ) -> Memory:
-        """keys ``[sentences, heads, head_dim, src]``, values ``[sentences, heads, src,
-        head_dim]`` per decoder layer (fairseq's projections of the encoder output ``x``
-        ``[sentences x width, embed]``, one product for all; zeros at every padding position,
-        the lanes' and a sentence's own, as the memory pool pads: it reads a sentence's rows
-        wider than its own width), and the padding ``bias`` ``[sentences, 1, 1, src]``: 0,
-        -inf at padding."""
-        width, src, layers = x.size(0) // sentences, bias.size(3), self.layers
+    def _final_norm(self, x: Tensor) -> Tensor:
+        norm = self.encoder.layer_norm
+        return x if norm is None else _norm(norm, x)
+
+    def _memory_buffers(self, sentences: int, src: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Zeroed keys ``[layers, sentences, heads, head_dim, src]`` and values ``[layers,
+        sentences, heads, src, head_dim]``: mappings of their own, given back whole once the
+        pool has copied them (from the heap they would leave holes that the heap keeps)."""
+        shape = (self.layers, sentences, self.heads)
+        return (
+            pages.zeros((*shape, self.head_dim, src), like),
+            pages.zeros((*shape, src, self.head_dim), like),
+        )
+
+    def _project(
+        self, weights: TransformerWeights, x: Tensor, keys: Tensor, values: Tensor,
+        index: Tensor | None,
+    ) -> None:  # fmt: skip
+        """fairseq's projections of the encoder output ``x`` ``[sentences x width, embed]`` of
+        the sentences ``index`` (None: all), one product for all layers, into the last
+        ``width`` source positions of their ``keys`` and ``values``."""
+        sentences = keys.size(1) if index is None else index.numel()
+        width, layers, src = x.size(0) // sentences, self.layers, keys.size(4)
         projected = weights.memory(x).view(sentences, width, layers, 2, self.heads, self.head_dim)
-        # mappings of their own: given back whole once the pool has copied them (from the heap
-        # they would leave holes that the heap keeps)
-        keys = pages.zeros((layers, sentences, self.heads, self.head_dim, src), x)
-        keys[..., src - width :] = projected[:, :, :, 0].permute(2, 0, 3, 4, 1)
-        values = pages.zeros((layers, sentences, self.heads, src, self.head_dim), x)
-        values[:, :, :, src - width :] = projected[:, :, :, 1].permute(2, 0, 3, 1, 4)
+        own_keys = projected[:, :, :, 0].permute(2, 0, 3, 4, 1)
+        own_values = projected[:, :, :, 1].permute(2, 0, 3, 1, 4)
+        if index is None:
+            keys[..., src - width :] = own_keys
+            values[:, :, :, src - width :] = own_values
+        else:
+            keys[..., src - width :].index_copy_(1, index, own_keys)
+            values[:, :, :, src - width :].index_copy_(1, index, own_values)
+
+    def _attention_memory(self, keys: Tensor, values: Tensor, bias: Tensor) -> Memory:
+        """Every decoder layer's keys and values (see :meth:`_memory_buffers`) with zeros at
+        every padding position, the lanes' and a sentence's own, as the memory pool pads (it
+        reads a sentence's rows wider than its own width), and the padding ``bias``
+        ``[sentences, 1, 1, src]``: 0, -inf at padding."""
+        sentences, src = bias.size(0), bias.size(3)
         padding = bias.view(1, sentences, 1, src).isinf()  # the lanes before too: all zeroed
         keys.masked_fill_(padding.unsqueeze(3), 0.0)
         values.masked_fill_(padding.unsqueeze(4), 0.0)
