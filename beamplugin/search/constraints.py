@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from array import array
-from itertools import pairwise
 from typing import NamedTuple
 
 import torch
@@ -332,12 +331,12 @@ def _order(
     than a tensor operation), and so it is where equal values stand for equal ``items`` (the
     same candidate twice: which comes first changes nothing); else (or with NaN) torch.sort
     decides, as in fairseq."""
-    order = sorted(range(len(values)), key=values.__getitem__, reverse=descending)
-    if all(v == v for v in values) and all(
-        values[a] != values[b] or (items is not None and items[a] == items[b])
-        for a, b in pairwise(order)
-    ):  # fmt: skip
-        return order
+    distinct = len(set(values))
+    if not any(map(math.isnan, values)) and (
+        distinct == len(values)
+        or (items is not None and len(set(zip(values, items, strict=True))) == distinct)
+    ):  # each value stands for one item
+        return sorted(range(len(values)), key=values.__getitem__, reverse=descending)
     dtype, device = sorted_on
     ranked = torch.tensor(values, dtype=dtype, device=device).sort(descending=descending)
     return ranked.indices.tolist()
