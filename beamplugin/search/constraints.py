@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 from array import array
+from itertools import compress
+from operator import add, ne
 from typing import NamedTuple
 
 import torch
@@ -273,9 +275,9 @@ def _choose(
     dtype, device = scores_on
     states, hypothesis_states = progress
     beams, tokens, scores = candidates
-    advance, bank = states.advance, states.bank
-    reached = [advance(hypothesis_states[b], t) for b, t in zip(beams, tokens, strict=True)]
-    banks = [bank[state] for state in reached]
+    # (map and the lists' own methods: this runs for every candidate of every step)
+    reached = list(map(states.advance, map(hypothesis_states.__getitem__, beams), tokens))
+    banks = list(map(states.bank.__getitem__, reached))
     # the sort by bank and score: fairseq's keys, rounded as its tensors round them
     weight = states.sort_tokens
     keys = _sums([(weight - b) * MAX_SCORE for b in banks], scores, dtype)
@@ -284,28 +286,28 @@ def _choose(
     # duplicates struck (fairseq compares the first with the last too, and then keeps the
     # first's state in its list of states all the same), then stripes: the best of each bank
     # (highest first), then the second of each, ...
-    pairs = [items[j] for j in order]
-    unique = [pairs[i] != pairs[i - 1] for i in range(len(pairs))]
-    kept = [j for j, keep in zip(order, unique, strict=True) if keep]
+    pairs = list(map(items.__getitem__, order))
+    unique = list(map(ne, pairs, pairs[-1:] + pairs[:-1]))
+    kept = list(compress(order, unique))
     state_list = kept if unique[0] else [order[0], *kept]
-    stripes, rank, current = [], -1, banks[kept[0]]
-    for j in kept:
-        if banks[j] != current:
-            rank, current = 0, banks[j]
+    stripes, rank, current, offset = [], -1, banks[kept[0]], len(kept) + 1
+    for bank in map(banks.__getitem__, kept):
+        if bank != current:
+            rank, current = 0, bank
         else:
             rank += 1
-        stripes.append(weight - current + rank * (len(kept) + 1))
+        stripes.append(weight - bank + rank * offset)
     striped = _order(stripes, False, (torch.int64, device))
     # as beam_step: an EOS with a finite score ends; the first beam others go on
-    picked = [kept[j] for j in striped[:k]]
+    picked = list(map(kept.__getitem__, striped[:k]))
     ending = [tokens[j] == eos and scores[j] != -math.inf for j in picked]
     goes_on = sorted(range(len(ending)), key=ending.__getitem__)[:beam]  # stable: EOS last
-    alive = [picked[i] for i in goes_on]
+    alive = list(map(picked.__getitem__, goes_on))
     return _Chosen(
-        ([tokens[j] for j in picked], [beams[j] for j in picked], ending[:beam],
-         [beams[j] for j in alive], [tokens[j] for j in alive]),
-        ([scores[j] for j in picked], [scores[j] for j in alive]),
-        any(s != s for s in scores),
+        (list(map(tokens.__getitem__, picked)), list(map(beams.__getitem__, picked)),
+         ending[:beam], list(map(beams.__getitem__, alive)), list(map(tokens.__getitem__, alive))),
+        (list(map(scores.__getitem__, picked)), list(map(scores.__getitem__, alive))),
+        any(map(math.isnan, scores)),
         [reached[state_list[striped[i]]] for i in goes_on],
     )  # fmt: skip
 
@@ -328,9 +330,9 @@ def _sums(first: list[float], second: list[float], dtype: torch.dtype) -> list[f
     ``dtype`` holds). A float32 sum is Python's double sum rounded to float32 (a double holds
     more than twice float32's digits, so rounding twice gives what rounding once does)."""
     if dtype == torch.float32:
-        return array("f", [a + b for a, b in zip(first, second, strict=True)]).tolist()
+        return array("f", map(add, first, second)).tolist()
     if dtype == torch.float64:
-        return [a + b for a, b in zip(first, second, strict=True)]
+        return list(map(add, first, second))
     return (torch.tensor(first, dtype=dtype) + torch.tensor(second, dtype=dtype)).tolist()
 
 
