@@ -76,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--batch-1-sentences", type=int, default=8)
     parser.add_argument("--sentences", type=int, default=64, help="timed at batch sizes > 1")
-    parser.add_argument("--stream-sentences", type=int, default=160)
+    parser.add_argument("--stream-sentences", type=int, default=160, help="0: no stream rows")
     parser.add_argument("--stream-in-flight", type=int, default=64)
     parser.add_argument("--max-len-b", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
@@ -350,8 +350,9 @@ def main() -> None:
     for name in args.models:
         theirs, ours, d = build(name)
         cases = batch_cases(theirs, ours, d, args, options)
-        items = workload(d, args.stream_sentences, seed=99)
-        cases |= stream_cases(ours, d, items, args.stream_in_flight, options)
+        if args.stream_sentences:
+            items = workload(d, args.stream_sentences, seed=99)
+            cases |= stream_cases(ours, d, items, args.stream_in_flight, options)
         rows += records(name, f"{name} (random, 8k words)", cases,
                         *measured(cases, args.repeats), where)  # fmt: skip
     if args.path:
