@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="*", choices=["convs2s", "transformer"],
                         default=["convs2s", "transformer"])  # fmt: skip
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 64])
     parser.add_argument("--batch-1-sentences", type=int, default=8)
     parser.add_argument("--sentences", type=int, default=64, help="timed at batch sizes > 1")
     parser.add_argument("--stream-sentences", type=int, default=160, help="0: no stream rows")
