@@ -89,7 +89,9 @@ class ConvAttention(nn.Module):
         """
         rows, steps = x.shape[:2]
         residual = x
-        query = (self.in_projection(x) + target_embedding) * SQRT_HALF
+        # the sums in the products' calls, the scalings in place: a step's rows go over
+        # memory once less each
+        query = self.in_projection.plus(x, target_embedding).mul_(SQRT_HALF)
         if len(groups) == 1:  # also in training: autograd cannot write into an output buffer
             context, attn = _attend(query, groups[0][0], need_weights)
         else:
@@ -106,7 +108,7 @@ class ConvAttention(nn.Module):
                     [F.pad(a.flatten(0, 1), (width - a.size(-1), 0)) for _, a in attended]
                 )
         context = context.reshape(rows, steps, -1)
-        x = (self.out_projection(context) + residual) * SQRT_HALF
+        x = self.out_projection.plus(context, residual).mul_(SQRT_HALF)
         return x, attn.reshape(rows, steps, -1) if need_weights else None
 
 
