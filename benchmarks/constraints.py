@@ -6,7 +6,9 @@ Models (random weights, 8k words, beam 5): ``convs2s``, the demo's ConvS2S shape
 for fairseq, our convs2s with the same weights for us, sharpened so that outputs end at varied
 lengths); ``transformer``, a fairseq transformer of configs/transformer.conf's shape (3+3 layers
 x 256, 4 heads, FFN 1024, shared decoder embeddings), the same model for both. Sentences of 5 to
-40 random words, each with 1 to 3 random constraints of 1 to 3 words.
+40 random words, each with 1 to 3 random constraints of 1 to 3 words. ``convs2s-demo``: the
+checkpoint ``--path`` (an fconv or convs2s one, e.g. the demo's) on ``--data``, its test
+sentences in order, with 1 to 3 random constraints of 1 to 3 target words.
 
 Rows: ``fairseq`` (fairseq's SequenceGenerator with LexicallyConstrainedBeamSearch,
 ``generate`` per batch) and ``ours`` (our SequenceGenerator with the same search, ``generate``
@@ -17,6 +19,7 @@ after a warm-up; ours are checked to give fairseq's best hypotheses. Prints a ma
 the CPU and kernels; ``--results FILE`` appends one JSON line a row.
 
     python -m benchmarks.constraints --threads 1 --results benchmarks/results/cpu-avx512.jsonl
+    python -m benchmarks.constraints --models convs2s-demo --path CKPT --data DATA-BIN
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from benchmarks.common import (
     record,
     table_name,
 )
-from benchmarks.models import random_fconv, same_weights
+from benchmarks.models import checkpoint_models, random_fconv, same_weights
 
 WORDS, BEAM = 8000, 5
 REPRESENTATIONS = ("ordered", "unordered")
@@ -59,8 +62,10 @@ CONSTRAINED_SHARE = 5  # one sentence in this many carries constraints in the st
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", choices=["convs2s", "transformer"],
+    parser.add_argument("--models", nargs="+", choices=["convs2s", "transformer", "convs2s-demo"],
                         default=["convs2s", "transformer"])  # fmt: skip
+    parser.add_argument("--path", help="convs2s-demo's checkpoint (fconv or convs2s)")
+    parser.add_argument("--data", help="convs2s-demo's binarized data (its test split is read)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--batch-1-sentences", type=int, default=8)
     parser.add_argument("--sentences", type=int, default=64, help="timed at batch sizes > 1")
@@ -70,11 +75,39 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--threads", type=int, default=1)
     add_results_option(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if "convs2s-demo" in args.models and not (args.path and args.data):
+        parser.error("convs2s-demo needs --path and --data")
+    return args
 
 
-def build(name: str) -> tuple[torch.nn.Module, torch.nn.Module, Dictionary]:
-    """fairseq's model and ours, with the same random weights, and their dictionary."""
+class Sources:
+    """Where a model's source sentences come from: random words of its dictionary, or the
+    test split of a checkpoint's data (in order)."""
+
+    def __init__(self, d: Dictionary, task: Any = None) -> None:
+        self.d, self.sentences = d, None
+        if task is not None:
+            task.load_dataset("test")
+            dataset = task.dataset("test")
+            self.sentences = [dataset[i]["source"] for i in range(len(dataset))]
+
+    def take(self, rng: random.Random, index: int) -> torch.Tensor:
+        if self.sentences is not None:
+            return self.sentences[index % len(self.sentences)]
+        words = range(self.d.nspecial, len(self.d))
+        return torch.tensor([rng.choice(words) for _ in range(rng.randint(5, 40))]
+                            + [self.d.eos()])  # fmt: skip
+
+
+def build(name: str, path: str | None = None, data: str | None = None
+          ) -> tuple[torch.nn.Module, torch.nn.Module, Dictionary, Sources]:  # fmt: skip
+    """fairseq's model and ours, with the same weights, their target dictionary and where
+    their sources come from."""
+    if name == "convs2s-demo":
+        fconv, convs2s, task = checkpoint_models(path, data)
+        fconv.make_generation_fast_(beamable_mm_beam_size=BEAM)
+        return fconv, convs2s, task.target_dictionary, Sources(task.source_dictionary, task)
     fconv, d, args = random_fconv(WORDS, seed=1)
     task = argparse.Namespace(source_dictionary=d, target_dictionary=d)
     if name == "transformer":
@@ -89,22 +122,23 @@ def build(name: str) -> tuple[torch.nn.Module, torch.nn.Module, Dictionary]:
         model = TransformerModel.build_model(args, task).eval()
         with torch.no_grad():  # sharpened, so that outputs end at varied lengths
             model.decoder.output_projection.weight.mul_(4)
-        return model, model, d
+        return model, model, d, Sources(d)
     convs2s = same_weights(ConvS2SModel, fconv, args, task, "fconv")
     fconv.make_generation_fast_(beamable_mm_beam_size=BEAM)
-    return fconv, convs2s, d
+    return fconv, convs2s, d, Sources(d)
 
 
-def workload(d: Dictionary, count: int, seed: int) -> list[tuple[torch.Tensor, list[list[int]]]]:
-    """``count`` sentences with their constraints."""
+def workload(sources: Sources, d: Dictionary, count: int, seed: int
+             ) -> list[tuple[torch.Tensor, list[list[int]]]]:  # fmt: skip
+    """``count`` sentences with their constraints (words of the target dictionary ``d``)."""
     rng = random.Random(seed)
     words = range(d.nspecial, len(d))
     out = []
-    for _ in range(count):
-        source = [rng.choice(words) for _ in range(rng.randint(5, 40))] + [d.eos()]
+    for index in range(count):
+        source = sources.take(rng, seed + index)
         constraints = [[rng.choice(words) for _ in range(rng.randint(1, 3))]
                        for _ in range(rng.randint(1, 3))]  # fmt: skip
-        out.append((torch.tensor(source), constraints))
+        out.append((source, constraints))
     return out
 
 
@@ -179,7 +213,8 @@ def _same(best: list[list[int]], reference: list[list[int]], stream: bool) -> st
     return f"{sum(best[i] == reference[i] for i in compared)}/{len(compared)}"
 
 
-MODELS = {"convs2s": "ConvS2S of the demo's shape", "transformer": "transformer.conf's shape"}
+MODELS = {"convs2s": "ConvS2S of the demo's shape", "transformer": "transformer.conf's shape",
+          "convs2s-demo": "the demo's trained ConvS2S, test sentences"}  # fmt: skip
 
 
 def describe(name: str, comparison: str, system: str) -> str:
@@ -201,12 +236,14 @@ def main() -> None:
     options = dict(beam_size=BEAM, max_len_a=0, max_len_b=args.max_len_b)
     rows: list[dict] = []
     for name in args.models:
-        theirs, ours, d = build(name)
+        theirs, ours, d, sources = build(name, args.path, args.data)
+        described = f"trained, {len(d)} words" if name == "convs2s-demo" else "random, 8k words"
         cases: dict[str, tuple] = {}
         for representation in REPRESENTATIONS:
             for size in args.batch_sizes:
                 count = args.batch_1_sentences if size == 1 else args.sentences
-                items = meetable(ours, d, workload(d, 2 * count, seed=size), count, options)
+                items = meetable(ours, d, workload(sources, d, 2 * count, seed=size), count,
+                                 options)  # fmt: skip
                 batches = [batch_of(items[i : i + size], d) for i in range(0, count, size)]
                 if representation == REPRESENTATIONS[0]:  # ours without constraints: the ceiling
                     job = functools.partial(generate, SequenceGenerator([ours], d, **options), ours,
@@ -218,7 +255,7 @@ def main() -> None:
                     gen = make([model], d, search_strategy=strategy, **options)
                     job = functools.partial(generate, gen, model, batches)
                     cases[f"{representation} batch {size}/{system}"] = (job, size, system)
-        items = workload(d, args.stream_sentences, seed=99)
+        items = workload(sources, d, args.stream_sentences, seed=99)
         for kind in ("none", "1 in 5"):  # the reference: our plain search
             constrained = {"search_strategy": search.LexicallyConstrainedBeamSearch(d, "ordered")}
             gen = SequenceGenerator([ours], d, **options, **({} if kind == "none" else constrained))
@@ -251,7 +288,7 @@ def main() -> None:
                 table=table_name(),
                 row=row,
                 what=describe(name, comparison, key.split("/")[1]),
-                system=system, model=f"{name} (random, 8k words)", precision="float32",
+                system=system, model=f"{name} ({described})", precision="float32",
                 batch=size, tokens_per_s=round(tokens / seconds, 1),
                 ratio={"against": {"constraints none": "no constraints",
                                    "fairseq": "fairseq" if "none" not in comparison
