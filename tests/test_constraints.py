@@ -219,6 +219,26 @@ def _contains(tokens: list[int], constraint: list[int]) -> bool:
     return any(tokens[start : start + n] == constraint for start in range(len(tokens) - n + 1))
 
 
+@pytest.mark.parametrize("arch", ["convs2s", "transformer"])
+def test_all_constrained_stream_with_refills_equals_alone(vocab, models, sentences, arch):
+    """Every sentence in flight constrained (the step runs no plain beam step) while slots
+    refill, so that a sentence's first step shares a step with others' later ones: each gets
+    bit for bit what it gets alone."""
+    gen = generator(models[arch][0], vocab, "unordered", beam_size=4, max_len_a=1, max_len_b=3)
+    constraints = [c or [[7]] for c in CONSTRAINTS]
+    engine = DecodingEngine.of(gen, max_sentences=3)
+    requests = (sentence_request(i, sentences[i], None, constraints=constraints[i])
+                for i in range(len(constraints)))  # fmt: skip
+    with torch.inference_mode():
+        results = {f.key: f for f in run(engine, IteratorSource(requests))}
+    assert engine.refills > 0, "no sentence joined mid-search"
+    for i, own in enumerate(constraints):
+        packed = pack_constraints([[torch.tensor(c) for c in own]])
+        assert results[i].error is None, f"sentence {i}: {results[i].error}"
+        alone = gen.generate(None, one_sentence(sentences[i]), constraints=packed)
+        assert_identical(alone, [results[i].hypotheses])
+
+
 def test_unconstrained_sentences_unchanged(vocab, models, sentences):
     """Sentences without constraints in a constrained stream get what the plain search gives."""
     model = models["transformer"][0]

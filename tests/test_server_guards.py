@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -217,9 +218,9 @@ def test_a_client_gone_has_its_sentences_cancelled_in_the_decoder_process(guarde
                                     'status="499"}') >= 1  # fmt: skip
 
 
-def slow_translator(toy: dict[str, Path], delay: float):
+def slow_translator(toy: dict[str, Path], delay: float, gate: threading.Event | None = None):
     """A translator decoding in this process, two sentences at a time, whose every decoder
-    step takes ``delay`` seconds more."""
+    step takes ``delay`` seconds more (and, with a ``gate``, waits while it is clear)."""
     from beamplugin.serving.cli import parse_args
     from beamplugin.serving.translator import Translator
 
@@ -229,6 +230,8 @@ def slow_translator(toy: dict[str, Path], delay: float):
     decode_step = model.decode_step
 
     def slow(*args, **kwargs):
+        if gate is not None:
+            gate.wait(30)
         time.sleep(delay)
         return decode_step(*args, **kwargs)
 
@@ -240,17 +243,21 @@ def test_a_client_gone_leaves_the_engine_within_a_few_steps(toy, offline):
     """Two clients; one goes away while its sentences are in flight and waiting: they are
     dropped, the engine goes on with the other's alone within two steps and is idle once that
     one is answered, with the same translations as offline."""
-    translator = slow_translator(toy, 0.02)
+    gate = threading.Event()
+    gate.set()
+    translator = slow_translator(toy, 0.02, gate)
     engine = translator.stream.engine
 
     async def talk(session: aiohttp.ClientSession, url: str) -> tuple:
         gone_task = asyncio.create_task(_post(url, {"sentences": LINES[:8]}))
         while not engine.live:
             await asyncio.sleep(0.001)
+        gate.clear()  # held, so that none of the first finishes before the second is queued
         stays = asyncio.create_task(_post(url, {"sentences": LINES[8:10]}))
         while translator.queued < 8:  # both requests accepted, two of the first in flight
             await asyncio.sleep(0.001)
         gone_task.cancel()  # its connection closes
+        gate.set()
         steps = engine.steps
         while any(s.key.cancelled() for s in list(engine.live)) or translator.cancelled < 8:
             await asyncio.sleep(0.001)

@@ -31,7 +31,12 @@ from beamplugin.engine.slots import Sentence, Slots
 from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.runtime.heap import keep_freed_memory
 from beamplugin.search.beam_step import BeamStep, step_laid_out
-from beamplugin.search.constraints import ConstrainedSentence, Progress, constrained_step
+from beamplugin.search.constraints import (
+    ConstrainedSentence,
+    Progress,
+    constrained_step,
+    with_rows,
+)
 from beamplugin.search.log_prob_rules import LogProbRules
 from beamplugin.search.options import DecodingOptions
 
@@ -196,13 +201,18 @@ class DecodingEngine:
         states of their next beams, by live sentence."""
         slots, options = self.slots, self.options
         multi = len(slots.live) - slots.one_row
-        res = step_laid_out(
-            lprobs, self.runner.scores, multi, slots.one_row, options.beam_size, options.eos
-        )
+        beam, eos = options.beam_size, options.eos
         constrained = self._constrained(lprobs, multi)
-        if not constrained:
-            return res, self.finalizer.status(res, slots), []
-        res, states = constrained_step(res, constrained, options.beam_size, options.eos)
+        if constrained and len(constrained) == len(slots.live):  # no plain step to run
+            hypotheses = self.runner.scores.size(1) if multi else 1
+            k = min(2 * beam, hypotheses * lprobs.size(1) - 1)  # beam_step's, as fairseq's
+            res, states = constrained_step(constrained, k, beam, eos)
+        else:
+            res = step_laid_out(lprobs, self.runner.scores, multi, slots.one_row, beam, eos)
+            if not constrained:
+                return res, self.finalizer.status(res, slots), []
+            step, states = constrained_step(constrained, res.cand_scores.size(1), beam, eos)
+            res = with_rows(res, [c.index for c in constrained], step)
         next_states = [(c.index, own) for c, own in zip(constrained, states, strict=True)]
         return res, self.finalizer.status(res, slots), next_states
 

@@ -13,17 +13,20 @@ the first 2 x beam. EOS is forbidden to a hypothesis that has not met all its co
 as in :func:`beamplugin.search.beam_step.beam_step`, an EOS among the top beam ends a hypothesis
 and the first beam other candidates go on.
 
-The cost: the tensor work (masks, the top-k, the gathers) is done for all constrained
-sentences together, a fixed number of operations a step; what is left per sentence is plain
-Python on its few dozen candidates (a state lookup each, the duplicates, the stripes, both
-sorts). A list with equal keys is sorted by ``torch.sort`` as fairseq sorts it, with the lists
-of its length, so that ties fall as in fairseq.
+The cost, a fixed part of every step that has constrained sentences: a handful of tensor
+operations for all of them together (EOS masked, the two top-k calls, one take of the constraint
+tokens' log-probs, the results made tensors), and on the host plain Python on each sentence's
+few dozen candidates (a state lookup each, fairseq's float32 sort keys, the duplicates, the
+stripes, both sorts). A list with equal keys is sorted by ``torch.sort``, as fairseq sorts it,
+so that ties fall as in fairseq.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from array import array
+from itertools import compress
+from operator import add, ne
 from typing import NamedTuple
 
 import torch
@@ -81,91 +84,129 @@ class ConstrainedSentence(NamedTuple):
 
 
 class _Candidates(NamedTuple):
-    """One sentence's candidates in fairseq's order before the sort: (hypothesis, token) and
-    the state each leads to; their scores are a row of the group's tensor."""
+    """One sentence's candidates in fairseq's order before the sort, on the host."""
 
     beams: list[int]
     tokens: list[int]
+    scores: list[float]  # cumulative, as the tensors' additions round them
+
+
+class _Chosen(NamedTuple):
+    """One sentence's step on the host: its BeamStep row's integer fields (cand_tokens,
+    cand_beams, finalize, alive_beams, alive_tokens) and float fields (cand_scores,
+    alive_scores), whether a candidate's score is NaN, and its next beam's states."""
+
+    integers: tuple[list[int], ...]
+    floats: tuple[list[float], ...]
+    nan: bool
     states: list[int]
-    banks: list[int]
 
 
 def constrained_step(
-    res: BeamStep, sentences: list[ConstrainedSentence], beam: int, eos: int
+    sentences: list[ConstrainedSentence], k: int, beam: int, eos: int
 ) -> tuple[BeamStep, list[Progress]]:
-    """``res`` with the rows of ``sentences`` replaced by their constrained step, and each
-    one's progress for its next beam. Their log-probs are read in place (EOS masked there while
-    this runs, then restored); a NaN among them sets the row's ``first_nan``, as in beam_step."""
-    k = res.cand_scores.size(1)
-    # sentences at their first step (one hypothesis each) and the others: one tensor each
-    groups = [g for g in ([s for s in sentences if s.scores is None],
-                          [s for s in sentences if s.scores is not None]) if g]  # fmt: skip
-    columns: dict[str, list[Tensor]] = defaultdict(list)
-    progress: list[Progress] = []
-    for group in groups:
-        scores, lists = _candidates(group, k, eos)
-        if res.first_nan is not None:  # else beam_step's kernel saw no NaN in any row
-            columns["nan"].append(scores.isnan().any(1))
-        picked, ending, order, states = _striped(group, scores, lists, k, beam, eos)
-        # every integer column of the group in one tensor: candidates' positions, tokens and
-        # hypotheses (k each), then the next beam's positions, tokens, hypotheses and which
-        # of the first beam end (beam each)
-        table = []
-        for c, chosen, ends, alive in zip(lists, picked, ending, order, strict=True):
-            goes_on = [chosen[i] for i in alive]
-            table += chosen + [c.tokens[j] for j in chosen] + [c.beams[j] for j in chosen]
-            table += goes_on + [c.tokens[j] for j in goes_on] + [c.beams[j] for j in goes_on]
-            table += ends
-        table = torch.tensor(table, device=scores.device).view(len(group), -1)
-        cand_positions, cand_tokens, cand_beams, alive_positions, alive_tokens, alive_beams, \
-            finalize = table.split([k, k, k, beam, beam, beam, beam], dim=1)  # fmt: skip
-        for name, value in zip(
-            BeamStep._fields[:-1],
-            (scores.gather(1, cand_positions), cand_tokens, cand_beams, finalize.bool(),
-             alive_beams, alive_tokens, scores.gather(1, alive_positions)),
-            strict=True,
-        ):  # fmt: skip
-            columns[name].append(value)
-        progress += [Progress(s.progress.states, own) for s, own in zip(group, states, strict=True)]
-    ordered = [s for group in groups for s in group]
-    joined = {name: parts[0] if len(parts) == 1 else torch.cat(parts)
-              for name, parts in columns.items()}  # fmt: skip
-    nan = joined.pop("nan", None)
-    index = torch.tensor([s.index for s in ordered], device=res.cand_scores.device)
+    """The constrained step of ``sentences``: a BeamStep of ``k`` candidates a row, a row each
+    in their order (``first_nan`` None where no candidate's score is NaN), and each one's
+    progress for its next beam. EOS is masked in place in their log-probs for the hypotheses
+    that have not met all their constraints, as fairseq's search masks its own."""
+    chosen: list[_Chosen | None] = [None] * len(sentences)
+    device = sentences[0].lprobs.device
+    # sentences at their first step (one hypothesis each) and the others: a top-k each
+    for first in (True, False):
+        group = [i for i, s in enumerate(sentences) if (s.scores is None) == first]
+        if not group:
+            continue
+        members = [sentences[i] for i in group]
+        lists, dtype = _candidates(members, k, eos)
+        for i, sentence, candidates in zip(group, members, lists, strict=True):
+            chosen[i] = _choose(sentence.progress, candidates, k, beam, eos, (dtype, device))
+    done = [c for c in chosen if c is not None]
+    # every column of every sentence in two transfers, field after field, so that each field
+    # is a contiguous [sentences, width] tensor as beam_step's are
+    integers = _tensor([x for field in zip(*(c.integers for c in done), strict=True)
+                        for row in field for x in row], torch.int64, device)  # fmt: skip
+    floats = _tensor([x for field in zip(*(c.floats for c in done), strict=True)
+                      for row in field for x in row], dtype, device)  # fmt: skip
+    count = len(done)
+    cand_tokens, cand_beams, finalize, alive_beams, alive_tokens, cand_scores, alive_scores = (
+        part.view(count, -1)
+        for part in (*integers.split_with_sizes([count * w for w in (k, k, beam, beam, beam)]),
+                     *floats.split_with_sizes([count * k, count * beam]))
+    )  # fmt: skip
+    nan = [c.nan for c in done]
+    step = BeamStep(
+        cand_scores, cand_tokens, cand_beams, finalize.bool(), alive_beams, alive_tokens,
+        alive_scores, torch.tensor(nan, device=device).view(-1, 1) if any(nan) else None,
+    )  # fmt: skip
+    progress = [Progress(s.progress.states, c.states) for s, c in zip(sentences, done, strict=True)]
+    return step, progress
+
+
+def with_rows(res: BeamStep, index: list[int], rows: BeamStep) -> BeamStep:
+    """``res`` with its rows ``index`` replaced by those of ``rows`` (a constrained step)."""
+    at = torch.tensor(index, device=res.cand_scores.device)
     replaced = {
-        name: getattr(res, name).index_copy(0, index, value.to(getattr(res, name).dtype))
-        for name, value in joined.items()
+        name: getattr(res, name).index_copy(0, at, getattr(rows, name))
+        for name in BeamStep._fields[:-1]
     }
-    if nan is not None:  # a NaN log-prob: the caller makes them -inf and steps again
-        replaced["first_nan"] = res.first_nan.index_copy(0, index, nan.view(-1, 1))
-    by_sentence = {s.index: p for s, p in zip(ordered, progress, strict=True)}
-    return res._replace(**replaced), [by_sentence[s.index] for s in sentences]
+    if res.first_nan is not None or rows.first_nan is not None:  # a NaN: stepped again
+        whole, part = (
+            step.first_nan if step.first_nan is not None
+            else torch.zeros((step.cand_scores.size(0), 1), dtype=torch.bool, device=at.device)
+            for step in (res, rows)
+        )  # fmt: skip
+        replaced["first_nan"] = whole.index_copy(0, at, part)
+    return res._replace(**replaced)
 
 
 def _candidates(
     group: list[ConstrainedSentence], k: int, eos: int
-) -> tuple[Tensor, list[_Candidates]]:
+) -> tuple[list[_Candidates], torch.dtype]:
     """fairseq's candidates of each sentence of ``group`` (all at their first step or none),
     before its sort: the ``k`` best (beam_step's ``top_candidates``: torch.topk's), each
-    hypothesis' best, each hypothesis' next constraint tokens, in that order. Their scores
-    ``[sentences, longest]`` (a shorter row padded with -inf) and each one's lists."""
+    hypothesis' best, each hypothesis' next constraint tokens, in that order; and the dtype of
+    their scores. One transfer a tensor to the host, the rest is plain Python."""
     first = group[0].scores is None
     lprobs = _rows(group)
     count, hypotheses, vocab = lprobs.shape
     if first:
         history = lprobs.new_zeros(count, 1)
-        return _listed(group, lprobs, history, k)
-    # no EOS before every constraint is met: masked in the caller's rows for the while
-    unfinished = [
-        [not s.progress.states.finished[state] for state in s.progress.hypotheses] for s in group
+    else:
+        history = group[0].scores.view(1, -1) if count == 1 else torch.stack(
+            [s.scores for s in group])  # fmt: skip
+        _forbid_eos(group, lprobs, eos)
+    scores, flat = top_candidates(lprobs, history, k)
+    dtype = scores.dtype
+    lists = [
+        _Candidates([f // vocab for f in row_flat], [f % vocab for f in row_flat], row_scores)
+        for row_flat, row_scores in zip(flat.tolist(), scores.tolist(), strict=True)
     ]
-    eos_column = lprobs[:, :, eos]
-    kept = eos_column.clone()
-    eos_column.masked_fill_(torch.tensor(unfinished, device=lprobs.device), -math.inf)
-    try:
-        return _listed(group, lprobs, torch.stack([s.scores for s in group]), k)
-    finally:
-        eos_column.copy_(kept)
+    if not first:  # each hypothesis' best
+        for c, (best_scores, best_tokens) in zip(lists, _best_each(lprobs, history), strict=True):
+            c.beams.extend(range(hypotheses))
+            c.tokens.extend(best_tokens)
+            c.scores.extend(best_scores)
+    # the next constraint tokens: their log-probs in one take, their hypotheses' scores added
+    # as the tensors' addition rounds them (fairseq takes them from lprobs + scores)
+    sources, hypothesis_scores = [], []
+    history_rows = None if first else history.tolist()
+    for row, (sentence, c) in enumerate(zip(group, lists, strict=True)):
+        states, hypothesis_states = sentence.progress
+        for hypothesis, state in enumerate(hypothesis_states):
+            for token in states.next_tokens[state]:
+                sources.append((row * hypotheses + hypothesis) * vocab + token)
+                if history_rows is not None:
+                    hypothesis_scores.append(history_rows[row][hypothesis])
+                c.beams.append(hypothesis)
+                c.tokens.append(token)
+    if sources:
+        values = lprobs.reshape(-1).take(_tensor(sources, torch.int64, lprobs.device)).tolist()
+        if history_rows is not None:
+            values = _sums(values, hypothesis_scores, dtype)
+        taken = iter(values)
+        for c in lists:
+            c.scores.extend(next(taken) for _ in range(len(c.tokens) - len(c.scores)))
+    return lists, dtype
 
 
 def _rows(group: list[ConstrainedSentence]) -> Tensor:
@@ -173,6 +214,8 @@ def _rows(group: list[ConstrainedSentence]) -> Tensor:
     tensor where their rows follow each other there (a batch all constrained), else a copy."""
     rows = [s.lprobs for s in group]
     hypotheses, vocab = rows[0].shape
+    if len(rows) == 1:
+        return rows[0].unsqueeze(0)
     size = hypotheses * vocab * rows[0].element_size()
     start = rows[0].data_ptr()
     if all(r.is_contiguous() and r.data_ptr() == start + i * size for i, r in enumerate(rows)):
@@ -180,159 +223,136 @@ def _rows(group: list[ConstrainedSentence]) -> Tensor:
     return torch.stack(rows)
 
 
-def _listed(
-    group: list[ConstrainedSentence], lprobs: Tensor, history: Tensor, k: int
-) -> tuple[Tensor, list[_Candidates]]:
-    """:func:`_candidates` on ``lprobs`` with EOS masked and the hypotheses' scores
-    ``history``."""
-    first = group[0].scores is None
-    count, hypotheses, vocab = lprobs.shape
-    scores, flat = top_candidates(lprobs, history, k)
-    beams, tokens = flat // vocab, flat.fmod(vocab)
-    if not first:  # each hypothesis' best
-        best_scores, best_tokens = _best_each(lprobs, history)
-        scores = torch.cat((scores, best_scores), dim=1)
-        tokens = torch.cat((tokens, best_tokens), dim=1)
-        beams = torch.cat((beams, torch.arange(hypotheses, device=beams.device).expand(count, -1)),
-                          dim=1)  # fmt: skip
-    lists = []
-    width = scores.size(1)
-    # the next constraint tokens: where they go in the padded scores, where their log-probs
-    # are, and their hypotheses' scores (flat positions, for one take and one copy each)
-    rows, columns, sources, hypothesis_rows = [], [], [], []
-    for row, (sentence, row_beams, row_tokens) in enumerate(
-        zip(group, beams.tolist(), tokens.tolist(), strict=True)
-    ):
-        states, hypothesis_states = sentence.progress
-        for hypothesis, state in enumerate(hypothesis_states):
-            for token in states.next_tokens[state]:
-                rows.append(row)
-                columns.append(len(row_beams))
-                hypothesis_rows.append(row * hypotheses + hypothesis)
-                sources.append((row * hypotheses + hypothesis) * vocab + token)
-                row_beams.append(hypothesis)
-                row_tokens.append(token)
-        advance, bank = states.advance, states.bank
-        reached = [
-            advance(hypothesis_states[b], t) for b, t in zip(row_beams, row_tokens, strict=True)
-        ]
-        lists.append(_Candidates(row_beams, row_tokens, reached, [bank[x] for x in reached]))
-    if rows:
-        longest = max(columns) + 1
-        padded = scores.new_full((count, longest), -math.inf)
-        padded[:, :width] = scores
-        where = torch.tensor(
-            [[r * longest + c for r, c in zip(rows, columns, strict=True)], sources,
-             hypothesis_rows], device=scores.device,
-        )  # fmt: skip
-        values = lprobs.reshape(-1).take(where[1])
-        if not first:  # the cumulative scores, added as fairseq adds them
-            values = values + history.reshape(-1).take(where[2])
-        padded.view(-1).index_copy_(0, where[0], values)
-        scores = padded
-    return scores, lists
+def _forbid_eos(group: list[ConstrainedSentence], lprobs: Tensor, eos: int) -> None:
+    """No EOS for a hypothesis that has not met all its constraints: -inf in ``lprobs``."""
+    hypotheses, vocab = lprobs.shape[1:]
+    unfinished = [
+        (row * hypotheses + hypothesis) * vocab + eos
+        for row, sentence in enumerate(group)
+        for hypothesis, state in enumerate(sentence.progress.hypotheses)
+        if not sentence.progress.states.finished[state]
+    ]  # fmt: skip
+    if unfinished:
+        lprobs.view(-1).index_fill_(0, _tensor(unfinished, torch.int64, lprobs.device), -math.inf)
 
 
-def _best_each(lprobs: Tensor, history: Tensor) -> tuple[Tensor, Tensor]:
-    """fairseq's ``torch.topk(lprobs + history, k=1)`` of each hypothesis, ``[sentences,
-    hypotheses]`` each: the two best of each by ``top_candidates`` (our kernel on the CPU,
+def _best_each(lprobs: Tensor, history: Tensor) -> list[tuple[list[float], list[int]]]:
+    """fairseq's ``torch.topk(lprobs + history, k=1)`` of each hypothesis, per sentence its
+    scores and tokens: the two best of each by ``top_candidates`` (our kernel on the CPU,
     without the sum written out), torch.topk itself for the rows whose two best are equal,
     where its order decides."""
     count, hypotheses, vocab = lprobs.shape
-    rows = lprobs.view(count * hypotheses, 1, vocab)
-    two_scores, two_tokens = top_candidates(rows, history.view(-1, 1), 2)
-    best_scores, best_tokens = two_scores[:, 0], two_tokens[:, 0]
-    tied = two_scores[:, 0].eq(two_scores[:, 1]).nonzero().view(-1)
-    if tied.numel():
-        again = rows.index_select(0, tied).view(-1, vocab) + history.view(-1, 1)[tied]
+    rows = lprobs.reshape(count * hypotheses, 1, vocab)
+    two_scores, two_tokens = top_candidates(rows, history.reshape(-1, 1), 2)
+    pairs = two_scores.tolist()
+    best_scores = [pair[0] for pair in pairs]
+    best_tokens = [pair[0] for pair in two_tokens.tolist()]
+    tied = [i for i, (one, two) in enumerate(pairs) if one == two]
+    if tied:
+        at = torch.tensor(tied, device=lprobs.device)
+        again = rows.index_select(0, at).view(-1, vocab) + history.reshape(-1, 1)[at]
         tied_scores, tied_tokens = torch.topk(again, k=1, dim=1)
-        best_scores, best_tokens = best_scores.clone(), best_tokens.clone()
-        best_scores[tied], best_tokens[tied] = tied_scores.view(-1), tied_tokens.view(-1)
-    return best_scores.view(count, hypotheses), best_tokens.view(count, hypotheses)
+        for i, score, token in zip(tied, tied_scores.view(-1).tolist(),
+                                   tied_tokens.view(-1).tolist(), strict=True):  # fmt: skip
+            best_scores[i], best_tokens[i] = score, token
+    return [
+        (best_scores[r : r + hypotheses], best_tokens[r : r + hypotheses])
+        for r in range(0, count * hypotheses, hypotheses)
+    ]
 
 
-def _striped(
-    group: list[ConstrainedSentence],
-    scores: Tensor,
-    lists: list[_Candidates],
+def _choose(
+    progress: Progress,
+    candidates: _Candidates,
     k: int,
     beam: int,
     eos: int,
-) -> tuple[list[list[int]], list[list[bool]], list[list[int]], list[list[int]]]:
-    """fairseq's ``step_sentence`` after its candidates, for each sentence: sort by (bank,
-    score), strike duplicates, sort by stripes; then beam_step's choice. Per sentence: its ``k``
-    candidates (positions in its lists), which of the first ``beam`` end in EOS, the next
-    beam (positions among the ``k``), and the next beam's states."""
-    # the sort by bank and score: fairseq's float32 keys, all sentences' at once
-    count, width = scores.shape
-    banks = torch.tensor([b for c in lists for b in c.banks + [0] * (width - len(c.banks))],
-                         device=scores.device).view(count, width)  # fmt: skip
-    weights = torch.tensor([[s.progress.states.sort_tokens] for s in group], device=scores.device)
-    keys = (weights - banks) * MAX_SCORE + scores
-    first_order = _sorted(
-        [row[: len(c.tokens)] for row, c in zip(keys.tolist(), lists, strict=True)], True, keys
-    )
+    scores_on: tuple[torch.dtype, torch.device],
+) -> _Chosen:
+    """fairseq's ``step_sentence`` after its candidates: sort by (bank, score), strike
+    duplicates, sort by stripes; then beam_step's choice, on the host (``scores_on``: the
+    scores' dtype and device, where fairseq's sorts run)."""
+    dtype, device = scores_on
+    states, hypothesis_states = progress
+    beams, tokens, scores = candidates
+    # (map and the lists' own methods: this runs for every candidate of every step)
+    reached = list(map(states.advance, map(hypothesis_states.__getitem__, beams), tokens))
+    banks = list(map(states.bank.__getitem__, reached))
+    # the sort by bank and score: fairseq's keys, rounded as its tensors round them
+    weight = states.sort_tokens
+    keys = _sums([(weight - b) * MAX_SCORE for b in banks], scores, dtype)
+    items = list(zip(beams, tokens, strict=True))
+    order = _order(keys, True, (dtype, device), items)
     # duplicates struck (fairseq compares the first with the last too, and then keeps the
     # first's state in its list of states all the same), then stripes: the best of each bank
     # (highest first), then the second of each, ...
-    kept_lists, state_lists, stripe_lists = [], [], []
-    for row, order in enumerate(first_order):
-        candidates = lists[row]
-        pairs = [(candidates.beams[j], candidates.tokens[j]) for j in order]
-        unique = [pairs[i] != pairs[i - 1] for i in range(len(pairs))]
-        kept = [j for j, keep in zip(order, unique, strict=True) if keep]
-        state_lists.append(kept if unique[0] else [order[0], *kept])
-        weight, kept_count = group[row].progress.states.sort_tokens, len(kept)
-        stripes, rank, current = [], -1, None
-        banks = candidates.banks
-        for j in kept:
-            bank = banks[j]
-            if current is None:
-                current = bank
-            if bank != current:
-                rank, current = 0, bank
-            else:
-                rank += 1
-            stripes.append(weight - bank + rank * (kept_count + 1))
-        kept_lists.append(kept)
-        stripe_lists.append(stripes)
-    stripe_order = _sorted(stripe_lists, False)
+    pairs = list(map(items.__getitem__, order))
+    unique = list(map(ne, pairs, pairs[-1:] + pairs[:-1]))
+    kept = list(compress(order, unique))
+    state_list = kept if unique[0] else [order[0], *kept]
+    stripes, rank, current, offset = [], -1, banks[kept[0]], len(kept) + 1
+    for bank in map(banks.__getitem__, kept):
+        if bank != current:
+            rank, current = 0, bank
+        else:
+            rank += 1
+        stripes.append(weight - bank + rank * offset)
+    striped = _order(stripes, False, (torch.int64, device))
     # as beam_step: an EOS with a finite score ends; the first beam others go on
-    picked, ending, alive, next_states = [], [], [], []
-    score_rows = scores.tolist()
-    for row, order in enumerate(stripe_order):
-        candidates, kept, state_list = lists[row], kept_lists[row], state_lists[row]
-        chosen = [kept[j] for j in order[:k]]
-        is_eos = [candidates.tokens[j] == eos and score_rows[row][j] != -math.inf for j in chosen]
-        goes_on = sorted(range(len(is_eos)), key=is_eos.__getitem__)  # stable: EOS last
-        picked.append(chosen)
-        ending.append(is_eos[:beam])
-        alive.append(goes_on[:beam])
-        next_states.append([candidates.states[state_list[order[i]]] for i in goes_on[:beam]])
-    return picked, ending, alive, next_states
+    picked = list(map(kept.__getitem__, striped[:k]))
+    ending = [tokens[j] == eos and scores[j] != -math.inf for j in picked]
+    goes_on = sorted(range(len(ending)), key=ending.__getitem__)[:beam]  # stable: EOS last
+    alive = list(map(picked.__getitem__, goes_on))
+    return _Chosen(
+        (list(map(tokens.__getitem__, picked)), list(map(beams.__getitem__, picked)),
+         ending[:beam], list(map(beams.__getitem__, alive)), list(map(tokens.__getitem__, alive))),
+        (list(map(scores.__getitem__, picked)), list(map(scores.__getitem__, alive))),
+        any(map(math.isnan, scores)),
+        [reached[state_list[striped[i]]] for i in goes_on],
+    )  # fmt: skip
 
 
-def _sorted(rows: list[list], descending: bool, keys: Tensor | None = None) -> list[list[int]]:
-    """The order ``torch.sort`` gives each of ``rows`` (each sentence's keys, sorted alone in
-    fairseq). Where a row's keys all differ the order is theirs, whatever sorts them (Python
-    here, cheaper than a tensor operation); rows with equal keys (or NaN) are sorted by
-    torch.sort (on ``keys``, their tensor padded, where given), those of one length together:
-    its order among equal keys depends on the length alone, not on the rows beside."""
-    orders: list[list[int]] = []
-    tied: dict[int, list[int]] = defaultdict(list)
-    for row, values in enumerate(rows):
-        length = len(values)
-        if len(set(values)) == length and all(v == v for v in values):
-            orders.append(sorted(range(length), key=values.__getitem__, reverse=descending))
-        else:
-            orders.append([])
-            tied[length].append(row)
-    for length, same in tied.items():
-        if keys is None:
-            chosen = torch.tensor([rows[row] for row in same])
-        else:
-            chosen = keys[torch.tensor(same, device=keys.device), :length]
-        order = chosen.sort(dim=1, descending=descending).indices.tolist()
-        for row, one in zip(same, order, strict=True):
-            orders[row] = one
-    return orders
+# the typecodes of Python's array for the dtypes it holds
+_ARRAY_TYPES = {torch.int64: "q", torch.float32: "f", torch.float64: "d"}
+
+
+def _tensor(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``values`` (not empty) as a tensor: through an array's buffer where one holds ``dtype``,
+    a few times faster than torch.tensor's conversion of a list."""
+    typecode = _ARRAY_TYPES.get(dtype)
+    if typecode is None:
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.frombuffer(array(typecode, values), dtype=dtype).to(device)
+
+
+def _sums(first: list[float], second: list[float], dtype: torch.dtype) -> list[float]:
+    """``first + second`` as a tensor addition in ``dtype`` rounds it (both numbers that
+    ``dtype`` holds). A float32 sum is Python's double sum rounded to float32 (a double holds
+    more than twice float32's digits, so rounding twice gives what rounding once does)."""
+    if dtype == torch.float32:
+        return array("f", map(add, first, second)).tolist()
+    if dtype == torch.float64:
+        return list(map(add, first, second))
+    return (torch.tensor(first, dtype=dtype) + torch.tensor(second, dtype=dtype)).tolist()
+
+
+def _order(
+    values: list,
+    descending: bool,
+    sorted_on: tuple[torch.dtype, torch.device],
+    items: list | None = None,
+) -> list[int]:
+    """The order fairseq's ``torch.sort`` gives ``values`` (as a tensor ``sorted_on``: dtype and
+    device). Where the values differ it is theirs, whatever sorts them (Python here, cheaper
+    than a tensor operation), and so it is where equal values stand for equal ``items`` (the
+    same candidate twice: which comes first changes nothing); else (or with NaN) torch.sort
+    decides, as in fairseq."""
+    distinct = len(set(values))
+    if not any(map(math.isnan, values)) and (
+        distinct == len(values)
+        or (items is not None and len(set(zip(values, items, strict=True))) == distinct)
+    ):  # each value stands for one item
+        return sorted(range(len(values)), key=values.__getitem__, reverse=descending)
+    dtype, device = sorted_on
+    ranked = torch.tensor(values, dtype=dtype, device=device).sort(descending=descending)
+    return ranked.indices.tolist()
