@@ -20,6 +20,11 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
                      int64_t v_head, const float *bias, int64_t bias_sentence, float *mean,
                      int64_t mean_stride, float *out, int64_t rows, int64_t each, int64_t heads,
                      int64_t head_dim, int64_t src, int threads);
+void sentence_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
+                        int64_t k_dim, const float *values, int64_t v_sentence, int64_t v_src,
+                        const float *bias, int64_t bias_sentence, const float *scale,
+                        int64_t scale_stride, float *out, int64_t out_stride, float *probs,
+                        int64_t sentences, int64_t each, int64_t embed, int64_t src, int threads);
 int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
                        const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
                        int64_t k, float *values, int64_t *indices, int threads);
@@ -87,6 +92,24 @@ static void check_attention(int64_t rows, int64_t heads, int64_t head_dim, int64
     free(ckeys), free(cvalues), free(cbias), free(mean);
 }
 
+/* ConvS2S's: `each` rows a sentence (tiles of 6 and what is left), widths off the vectors */
+static void check_sentence_attention(int64_t sentences, int64_t each, int64_t embed, int64_t src)
+{
+    int64_t rows = sentences * each;
+    float *q = filled(rows * embed), *keys = filled(sentences * embed * src);
+    float *values = filled(sentences * src * embed), *scale = filled(sentences);
+    float *bias = calloc(sentences * src, 4), *out = malloc(rows * embed * sizeof(float));
+    float *probs = malloc(rows * src * sizeof(float));
+    for (int64_t n = 0; n < sentences; n++)
+        for (int64_t j = 0; j < n % 3; j++)
+            bias[n * src + j] = -INFINITY; /* padding before a source */
+    sentence_attention(q, embed, keys, embed * src, src, values, src * embed, embed, bias, src,
+                       scale, 1, out, embed, probs, sentences, each, embed, src, 1);
+    emit(out, rows * embed * sizeof(float));
+    emit(probs, rows * src * sizeof(float));
+    free(q), free(keys), free(values), free(scale), free(bias), free(out), free(probs);
+}
+
 static void check_candidates(int64_t sentences, int64_t beams, int64_t vocab)
 {
     float *lprobs = filled(sentences * beams * vocab), *scores = filled(sentences * beams);
@@ -109,6 +132,8 @@ int main(void)
             check_products(m, shapes[s][0], shapes[s][1]);
     check_attention(5, 4, 64, 9, 13);
     check_attention(3, 2, 24, 17, 40);
+    check_sentence_attention(3, 5, 256, 48);
+    check_sentence_attention(2, 13, 40, 37);
     check_candidates(3, 5, 3992);
     return 0;
 }

@@ -170,7 +170,7 @@ def test_int8_products_translate_as_float32_on_most_sentences(vocab, convs2s, mo
     reference = SequenceGenerator([convs2s], vocab, **options).generate(None, sample)
     model = in_int8(convs2s, monkeypatch)
     calls = []
-    counted = lambda *a: calls.append(1) or int8_linear(*a)  # noqa: E731
+    counted = lambda *a, **k: calls.append(1) or int8_linear(*a, **k)  # noqa: E731
     monkeypatch.setattr(prepared_linear, "int8_linear", counted)
     out = SequenceGenerator([model], vocab, **options).generate(None, sample)
     assert calls, "no int8 product was made"

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from beamplugin.kernels import sentence_attention
 from beamplugin.modules.memory_pool import Layout, MemoryPool, Pooled
 from beamplugin.modules.weight_norm import WeightNormLinear
 
@@ -88,16 +89,18 @@ class ConvAttention(nn.Module):
         """
         rows, steps = x.shape[:2]
         residual = x
-        query = (self.in_projection(x) + target_embedding) * SQRT_HALF
+        # the sums in the products' calls, the scalings in place: a step's rows go over
+        # memory once less each
+        query = self.in_projection.plus(x, target_embedding).mul_(SQRT_HALF)
         if len(groups) == 1:  # also in training: autograd cannot write into an output buffer
-            context, attn = _attend(query, groups[0][0])
+            context, attn = _attend(query, groups[0][0], need_weights)
         else:
             context = torch.empty_like(query)  # each group writes its rows (no copy to join)
             attended, first = [], 0
             for memory, group_rows in groups:
                 rows_of_group = slice(first, first + group_rows)
                 out = context[rows_of_group].view(memory["keys"].size(0), -1, context.size(2))
-                attended.append(_attend(query[rows_of_group], memory, out))
+                attended.append(_attend(query[rows_of_group], memory, need_weights, out))
                 first += group_rows
             if need_weights:
                 width = max(a.size(-1) for _, a in attended)
@@ -105,18 +108,26 @@ class ConvAttention(nn.Module):
                     [F.pad(a.flatten(0, 1), (width - a.size(-1), 0)) for _, a in attended]
                 )
         context = context.reshape(rows, steps, -1)
-        x = (self.out_projection(context) + residual) * SQRT_HALF
+        x = self.out_projection.plus(context, residual).mul_(SQRT_HALF)
         return x, attn.reshape(rows, steps, -1) if need_weights else None
 
 
 def _attend(
-    query: Tensor, memory: EncoderMemory, out: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+    query: Tensor, memory: EncoderMemory, need_weights: bool, out: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Context ``[sentences, rows x steps, embed]`` (written to ``out`` if given) and attention
-    weights of ``query`` (rows x steps x embed, sentence-major) over the memory of its
-    sentences."""
+    weights (None where not ``need_weights`` and our kernel attends) of ``query`` (rows x steps x
+    embed, sentence-major) over the memory of its sentences."""
     sentences = memory["keys"].size(0)
     query = query.view(sentences, -1, query.size(2))
+    if sentence_attention.serves(query):
+        if out is None:
+            out = torch.empty_like(query)
+        attn = sentence_attention.attend(
+            query, memory["keys"], memory["values"], memory["bias"], memory["scale"],
+            out.view(-1, query.size(2)), need_weights,
+        )  # fmt: skip
+        return out, attn
     if memory["bias"] is None:
         scores = torch.bmm(query, memory["keys"])
     else:

@@ -33,8 +33,10 @@ class TBCConvolution(FoldedWeightNorm):
         self.out_channels = out_channels
         self.kernel_size = kernel_size
 
-    def convolve(self, x: Tensor, frames_before: int) -> Tensor:
+    def convolve(self, x: Tensor, frames_before: int, frames: Tensor | None = None) -> Tensor:
         """Output frame t sees input frames t - frames_before ... t - frames_before + width - 1.
+        ``frames``: the only output frames wanted in inference (flat ``time x batch`` indices,
+        e.g. a batch's real tokens, not its padding), the others left zero.
 
         In inference, one product of every output frame's window of input frames (time, batch,
         (frame, channel)) with the linearized weight: on a packed weight (our kernel's or
@@ -49,18 +51,24 @@ class TBCConvolution(FoldedWeightNorm):
         steps, bsz = x.shape[:2]
         frames_after = self.kernel_size - 1 - frames_before
         padded = F.pad(x, (0, 0, 0, 0, frames_before, frames_after))
-        windows = padded.unfold(0, self.kernel_size, 1).transpose(2, 3)
+        windows = padded.unfold(0, self.kernel_size, 1).transpose(2, 3).flatten(0, 1)
         weight = self.derived_weight("linearized", self._linearize)
-        out = self.product(windows.reshape(steps * bsz, -1), weight, self.bias, "linearized")
+        if frames is None:
+            out = self.product(windows.reshape(steps * bsz, -1), weight, self.bias, "linearized")
+            return out.view(steps, bsz, -1)
+        # each frame's row of the product has its bits whatever rows are beside it
+        wanted = windows.index_select(0, frames).view(frames.numel(), -1)
+        out = x.new_zeros(steps * bsz, self.out_channels)
+        out.index_copy_(0, frames, self.product(wanted, weight, self.bias, "linearized"))
         return out.view(steps, bsz, -1)
 
     def _linearize(self, weight: Tensor) -> Tensor:
         """out_channels x (frame, in_channel): a window of frames times this is the convolution."""
         return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, frames: Tensor | None = None) -> Tensor:
         # centred window; for even widths one more frame after than before (as fconv)
-        return self.convolve(x, (self.kernel_size - 1) // 2)
+        return self.convolve(x, (self.kernel_size - 1) // 2, frames)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
@@ -69,11 +77,13 @@ class TBCConvolution(FoldedWeightNorm):
 class CausalConvolution(FairseqIncrementalState, TBCConvolution):
     """Convolution over the current and previous ``kernel_size - 1`` frames.
 
-    Incremental decoding keeps the last ``kernel_size`` inputs per row as ``input_buffer`` in the
-    incremental state (zeros before the first step; each step shifts it left and appends the new
-    frame) and takes one matrix product with the linearized weight, out_channels x (frame,
-    in_channel), cached with the folded weight (fconv's layout: its checkpoints load as they
-    are).
+    Incremental decoding keeps each row's previous ``kernel_size - 1`` inputs as
+    ``input_buffer`` in the incremental state (zeros before the first step) and takes one matrix
+    product of its window (those and the new frame) with the linearized weight, out_channels x
+    (frame, in_channel), cached with the folded weight (fconv's layout: its checkpoints load as
+    they are). A beam reorder only notes the rows' order: the next step gathers them straight
+    into its window, whose last frames are the next step's buffer (a view), so a step copies its
+    rows' frames once.
     """
 
     def forward(self, x: Tensor, incremental_state: IncrementalState | None = None) -> Tensor:
@@ -83,14 +93,26 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
             return self.convolve(x, self.kernel_size - 1)
         bsz = x.size(0)
         if self.kernel_size > 1:
-            buffer = self.get_incremental_state(incremental_state, "input_buffer")
-            if buffer is None:
-                buffer = x.new_zeros(bsz, self.kernel_size, self.in_channels)
-            x = torch.cat((buffer[:, 1:], x), dim=1)
-            self.set_incremental_state(incremental_state, "input_buffer", x)
-        x = x.view(bsz, -1)
+            x = self._window(incremental_state, x)
+            self.set_incremental_state(incremental_state, "input_buffer", x[:, 1:])
+        x = x.reshape(bsz, -1)
         weight = self.derived_weight("linearized", self._linearize)
         return self.product(x, weight, self.bias, "linearized").view(bsz, 1, -1)
+
+    def _window(self, incremental_state: IncrementalState, x: Tensor) -> Tensor:
+        """Each row's previous inputs (in the order a reorder noted) then ``x``, ``[rows,
+        kernel_size, channels]``."""
+        buffer = self.get_incremental_state(incremental_state, "input_buffer")
+        if buffer is None:
+            buffer = x.new_zeros(x.size(0), self.kernel_size - 1, self.in_channels)
+        order = self.get_incremental_state(incremental_state, "order")
+        if order is None:
+            return torch.cat((buffer, x), dim=1)
+        self.set_incremental_state(incremental_state, "order", None)
+        window = x.new_empty(x.size(0), self.kernel_size, self.in_channels)
+        torch.index_select(buffer, 0, order, out=window[:, :-1])
+        window[:, -1:] = x
+        return window
 
     def reorder_buffer(
         self, incremental_state: IncrementalState, new_order: Tensor, fresh_rows: int = 0
@@ -102,8 +124,15 @@ class CausalConvolution(FairseqIncrementalState, TBCConvolution):
         decoder already reorders its convolutions.
         """
         buffer = self.get_incremental_state(incremental_state, "input_buffer")
-        if buffer is not None:
-            buffer = buffer.index_select(0, new_order)
-            if fresh_rows:
-                buffer[-fresh_rows:] = 0
-            self.set_incremental_state(incremental_state, "input_buffer", buffer)
+        if buffer is None:
+            return
+        order = self.get_incremental_state(incremental_state, "order")
+        if order is not None:  # a reorder not yet taken: the two in one
+            new_order = order.index_select(0, new_order)
+        if not fresh_rows:  # gathered by the next step, into its window
+            self.set_incremental_state(incremental_state, "order", new_order)
+            return
+        buffer = buffer.index_select(0, new_order)
+        buffer[-fresh_rows:] = 0
+        self.set_incremental_state(incremental_state, "input_buffer", buffer)
+        self.set_incremental_state(incremental_state, "order", None)

@@ -62,6 +62,17 @@ class InferenceCache(nn.Module):
             return plain_linear(x, weight, bias)
         return prepared(x.reshape(-1, x.size(-1))).view(*x.shape[:-1], weight.size(0))
 
+    def product_plus(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, other: Tensor, name: str = "weight"
+    ) -> Tensor:
+        """:meth:`product` plus ``other`` (a residual of the product's shape), the sum in the
+        product's call where a prepared weight takes it (the same bits as the sum after it)."""
+        prepared = self._prepared(x, weight, bias, name)
+        if prepared is None:
+            return plain_linear(x, weight, bias) + other
+        rows = prepared.plus(x.reshape(-1, x.size(-1)), other.reshape(-1, other.size(-1)))
+        return rows.view(*x.shape[:-1], weight.size(0))
+
     def columns_product(
         self, x: Tensor, weight: Tensor, bias: Tensor | None, columns: Tensor, name: str = "weight"
     ) -> Tensor:

@@ -60,5 +60,9 @@ class WeightNormLinear(FoldedWeightNorm):
     def forward(self, x: Tensor) -> Tensor:
         return self.product(x, self.weight, self.bias)
 
+    def plus(self, x: Tensor, other: Tensor) -> Tensor:
+        """``self(x) + other``, the sum in the product's call where it can be (same bits)."""
+        return self.product_plus(x, self.weight, self.bias, other)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

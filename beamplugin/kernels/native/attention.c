@@ -1,7 +1,8 @@
 /* A transformer decoder step's attention, one query per row and head: fairseq's
  * softmax(bias + q . K) V (the query scaled already), for the self-attention over a row's
  * history (this step's key and value written into its last column first) and for the
- * cross-attention over a sentence's encoder keys and values.
+ * cross-attention over a sentence's encoder keys and values; and ConvS2S's attention of each
+ * sentence's rows over its memory, all of them at once (sentence_attention, at the end).
  *
  * Every (row, head) is computed alone, in the same order whatever the rows beside it, the width
  * of the buffers, the columns masked (-inf in the bias: skipped, as they weigh exactly 0) or the
@@ -236,5 +237,148 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
         for (int64_t i = 0; mean && i < each; i++)
             for (int64_t j = 0; j < src; j++)
                 mean[(sentence * each + i) * mean_stride + j] /= (float)heads;
+    }
+}
+
+/* ---- attention of a sentence's rows over its one memory (ConvS2S's: one head) ---------------
+ *
+ * All rows of a sentence (its beams) in tiles of up to SENTENCE_TILE rows, each tile reading
+ * the sentence's keys and values once: a register tile of rows x two vectors, as the products'.
+ * Each score is bias + a chain of fused multiply-adds over the embedding in order, each context
+ * element a chain over the source positions in order (masked ones skipped: they weigh exactly
+ * 0), then times the sentence's scale: a row's bits do not depend on the rows, the tile, the
+ * vector width or the padding before its source. */
+#define SENTENCE_TILE 6 /* 12 accumulators: AVX2's 16 registers hold them with the operands */
+
+/* s[i][j0 ..] (row stride src) = q_i . keys[:, j0 ..] for `vectors` vectors of positions */
+static inline __attribute__((always_inline)) void score_tile(
+    int rows, int vectors, const float *q, int64_t q_stride, const float *keys, int64_t k_dim,
+    int64_t embed, int64_t j0, float *s, int64_t src)
+{
+    vf acc[SENTENCE_TILE][2];
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < vectors; v++)
+            acc[i][v] = vf_zero();
+    for (int64_t d = 0; d < embed; d++) {
+        const float *k = keys + d * k_dim + j0;
+        vf b[2];
+        for (int v = 0; v < vectors; v++)
+            b[v] = vf_load(k + v * LANES);
+        for (int i = 0; i < rows; i++) {
+            vf a = vf_set1(q[i * q_stride + d]);
+            for (int v = 0; v < vectors; v++)
+                acc[i][v] = vf_fma(a, b[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < vectors; v++)
+            vf_store(s + i * src + j0 + v * LANES, acc[i][v]);
+}
+
+/* out[i][d0 ..] = scale x sum over unmasked j of p[i][j] values[j][d0 ..], `vectors` vectors */
+static inline __attribute__((always_inline)) void context_tile(
+    int rows, int vectors, const float *p, int64_t src, const float *values, int64_t v_src,
+    const float *bias, int64_t d0, float scale, float *out, int64_t out_stride)
+{
+    vf acc[SENTENCE_TILE][2];
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < vectors; v++)
+            acc[i][v] = vf_zero();
+    for (int64_t j = 0; j < src; j++) {
+        if (bias && bias[j] == -INFINITY)
+            continue;
+        const float *value = values + j * v_src + d0;
+        vf b[2];
+        for (int v = 0; v < vectors; v++)
+            b[v] = vf_load(value + v * LANES);
+        for (int i = 0; i < rows; i++) {
+            vf a = vf_set1(p[i * src + j]);
+            for (int v = 0; v < vectors; v++)
+                acc[i][v] = vf_fma(a, b[v], acc[i][v]);
+        }
+    }
+    vf times = vf_set1(scale);
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < vectors; v++)
+            vf_store(out + i * out_stride + d0 + v * LANES, vf_mul(acc[i][v], times));
+}
+
+/* one tile of `rows` rows (a constant where it is inlined: its accumulators stay in registers) */
+static inline __attribute__((always_inline)) void sentence_tile(
+    int rows, const float *q, int64_t q_stride, const float *keys, int64_t k_dim,
+    const float *values, int64_t v_src, const float *bias, float scale, float *s, float *out,
+    int64_t out_stride, int64_t embed, int64_t src)
+{
+    int64_t j = 0;
+    for (; j + 2 * LANES <= src; j += 2 * LANES)
+        score_tile(rows, 2, q, q_stride, keys, k_dim, embed, j, s, src);
+    for (; j + LANES <= src; j += LANES)
+        score_tile(rows, 1, q, q_stride, keys, k_dim, embed, j, s, src);
+    for (; j < src; j++)
+        for (int i = 0; i < rows; i++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < embed; d++)
+                acc = fma1(q[i * q_stride + d], keys[d * k_dim + j], acc);
+            s[i * src + j] = acc;
+        }
+    for (int i = 0; i < rows; i++) {
+        float *row = s + i * src;
+        for (j = 0; bias && j < src; j++)
+            row[j] = bias[j] == -INFINITY ? -INFINITY : bias[j] + row[j];
+        softmax(row, src);
+    }
+    int64_t d = 0;
+    for (; d + 2 * LANES <= embed; d += 2 * LANES)
+        context_tile(rows, 2, s, src, values, v_src, bias, d, scale, out, out_stride);
+    for (; d + LANES <= embed; d += LANES)
+        context_tile(rows, 1, s, src, values, v_src, bias, d, scale, out, out_stride);
+    for (; d < embed; d++)
+        for (int i = 0; i < rows; i++) {
+            float acc = 0.0f;
+            for (j = 0; j < src; j++)
+                if (!bias || bias[j] != -INFINITY)
+                    acc = fma1(s[i * src + j], values[j * v_src + d], acc);
+            out[i * out_stride + d] = acc * scale;
+        }
+}
+
+/* q: sentences x each rows of embed (row stride q_stride), sentence-major. keys: [sentences,
+ * embed, src] (strides k_sentence, k_dim, 1); values: [sentences, src, embed] (strides
+ * v_sentence, v_src, 1); bias: [sentences, src] (strides bias_sentence, 1), 0 or -inf, or NULL;
+ * scale: one float a sentence (stride scale_stride). out: the rows' contexts (row stride
+ * out_stride). probs: the rows' weights (rows x src, contiguous), written, or NULL. */
+void sentence_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
+                        int64_t k_dim, const float *values, int64_t v_sentence, int64_t v_src,
+                        const float *bias, int64_t bias_sentence, const float *scale,
+                        int64_t scale_stride, float *out, int64_t out_stride, float *probs,
+                        int64_t sentences, int64_t each, int64_t embed, int64_t src, int threads)
+{
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t n = 0; n < sentences; n++) {
+        float scratch[probs ? 1 : SENTENCE_TILE * src];
+        const float *k = keys + n * k_sentence, *v = values + n * v_sentence;
+        const float *b = bias ? bias + n * bias_sentence : 0;
+        float times = scale[n * scale_stride];
+        for (int64_t first = 0; first < each; first += SENTENCE_TILE) {
+            int64_t r = n * each + first;
+            int rows = each - first < SENTENCE_TILE ? (int)(each - first) : SENTENCE_TILE;
+            float *s = probs ? probs + r * src : scratch;
+            const float *qr = q + r * q_stride;
+            float *o = out + r * out_stride;
+            switch (rows) {
+#define SENTENCE_ROWS(R)                                                                        \
+    case R:                                                                                     \
+        sentence_tile(R, qr, q_stride, k, k_dim, v, v_src, b, times, s, o, out_stride, embed,  \
+                      src);                                                                     \
+        break;
+                SENTENCE_ROWS(1)
+                SENTENCE_ROWS(2)
+                SENTENCE_ROWS(3)
+                SENTENCE_ROWS(4)
+                SENTENCE_ROWS(5)
+                SENTENCE_ROWS(6)
+#undef SENTENCE_ROWS
+            }
+        }
     }
 }
