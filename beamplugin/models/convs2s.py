@@ -123,15 +123,10 @@ class ConvS2SEncoder(FairseqEncoder):
         x = self.fc1(x)
 
         padding_mask = src_tokens.eq(self.padding_idx)
-        frames = None  # the convolutions' output frames of real tokens (None: every frame)
         if not padding_mask.any():
             padding_mask = None
         else:
             time_major_mask = padding_mask.t().unsqueeze(-1)
-            if src_tokens.is_cpu and not torch.is_grad_enabled():  # (nonzero: a device sync)
-                # padding's outputs are masked before the next convolution and after fc2: its
-                # products are not made (a batch's padding, a third of its frames or more)
-                frames = time_major_mask.logical_not().flatten().nonzero().squeeze(1)
 
         x = x.transpose(0, 1)  # time-major for the convolutions
         residuals = [x]
@@ -141,7 +136,7 @@ class ConvS2SEncoder(FairseqEncoder):
             residual = residual_input(residuals, distance, projection)
             if padding_mask is not None:
                 x = x.masked_fill(time_major_mask, 0)
-            x = F.glu(conv(self.dropout_module(x), frames), dim=2)
+            x = F.glu(conv(self.dropout_module(x)), dim=2)
             if residual is not None:
                 x = (x + residual) * SQRT_HALF
             residuals.append(x)

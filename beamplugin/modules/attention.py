@@ -121,8 +121,8 @@ def _attend(
     sentences = memory["keys"].size(0)
     query = query.view(sentences, -1, query.size(2))
     if sentence_attention.serves(query):
-        if out is None:
-            out = torch.empty_like(query)
+        if out is None:  # of the memory's kind, as torch's products of it are
+            out = memory["values"].new_empty(query.shape)
         attn = sentence_attention.attend(
             query, memory["keys"], memory["values"], memory["bias"], memory["scale"],
             out.view(-1, query.size(2)), need_weights,

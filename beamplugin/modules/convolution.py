@@ -33,10 +33,8 @@ class TBCConvolution(FoldedWeightNorm):
         self.out_channels = out_channels
         self.kernel_size = kernel_size
 
-    def convolve(self, x: Tensor, frames_before: int, frames: Tensor | None = None) -> Tensor:
+    def convolve(self, x: Tensor, frames_before: int) -> Tensor:
         """Output frame t sees input frames t - frames_before ... t - frames_before + width - 1.
-        ``frames``: the only output frames wanted in inference (flat ``time x batch`` indices,
-        e.g. a batch's real tokens, not its padding), the others left zero.
 
         In inference, one product of every output frame's window of input frames (time, batch,
         (frame, channel)) with the linearized weight: on a packed weight (our kernel's or
@@ -51,24 +49,18 @@ class TBCConvolution(FoldedWeightNorm):
         steps, bsz = x.shape[:2]
         frames_after = self.kernel_size - 1 - frames_before
         padded = F.pad(x, (0, 0, 0, 0, frames_before, frames_after))
-        windows = padded.unfold(0, self.kernel_size, 1).transpose(2, 3).flatten(0, 1)
+        windows = padded.unfold(0, self.kernel_size, 1).transpose(2, 3)
         weight = self.derived_weight("linearized", self._linearize)
-        if frames is None:
-            out = self.product(windows.reshape(steps * bsz, -1), weight, self.bias, "linearized")
-            return out.view(steps, bsz, -1)
-        # each frame's row of the product has its bits whatever rows are beside it
-        wanted = windows.index_select(0, frames).view(frames.numel(), -1)
-        out = x.new_zeros(steps * bsz, self.out_channels)
-        out.index_copy_(0, frames, self.product(wanted, weight, self.bias, "linearized"))
+        out = self.product(windows.reshape(steps * bsz, -1), weight, self.bias, "linearized")
         return out.view(steps, bsz, -1)
 
     def _linearize(self, weight: Tensor) -> Tensor:
         """out_channels x (frame, in_channel): a window of frames times this is the convolution."""
         return weight.permute(2, 0, 1).contiguous().view(self.out_channels, -1)
 
-    def forward(self, x: Tensor, frames: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         # centred window; for even widths one more frame after than before (as fconv)
-        return self.convolve(x, (self.kernel_size - 1) // 2, frames)
+        return self.convolve(x, (self.kernel_size - 1) // 2)
 
     def extra_repr(self) -> str:
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}"
