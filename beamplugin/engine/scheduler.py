@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from beamplugin.engine.ensemble import EnsembleDecoder
 from beamplugin.engine.requests import Request
+from beamplugin.modules.width_groups import cheapest_runs
 from beamplugin.runtime.host_transfer import to_host
 from beamplugin.search.constraints import check_constraints
 from beamplugin.search.options import DecodingOptions
@@ -230,31 +231,15 @@ class Scheduler:
 
 def similar_widths(waiting: list[Waiting]) -> list[list[Waiting]]:
     """``waiting`` in the groups that cost the encoder least, narrowest first: a group costs
-    ENCODER_FORWARD_TOKENS plus its rows times its widest source. The best split of the requests
-    sorted by width into runs is found over their distinct widths (dynamic programming, few
-    widths); within a group, by width, requests of one width in the order of ``waiting``."""
+    ENCODER_FORWARD_TOKENS plus its rows times its widest source (cheapest_runs of the
+    requests' widths); within a group, by width, requests of one width in the order of
+    ``waiting``."""
     rows_at: dict[int, int] = {}
     for item in waiting:
         rows_at[item.request.width] = rows_at.get(item.request.width, 0) + len(item.request.keys)
-    widths = sorted(rows_at)
-    # cost[j]: of encoding the requests of widths[:j]; start[j]: where its last group starts
-    cost, start = [0], [0]
-    for j, width in enumerate(widths, 1):
-        rows, best, first = 0, math.inf, 0
-        for i in range(j - 1, -1, -1):  # the last group: widths[i:j]
-            rows += rows_at[widths[i]]
-            group_cost = cost[i] + ENCODER_FORWARD_TOKENS + rows * width
-            if group_cost < best:
-                best, first = group_cost, i
-        cost.append(best)
-        start.append(first)
-    group_of: dict[int, int] = {}
-    j = len(widths)
-    while j:
-        for width in widths[start[j] : j]:
-            group_of[width] = start[j]
-        j = start[j]
-    groups: dict[int, list[Waiting]] = {first: [] for first in sorted(set(group_of.values()))}
+    runs = cheapest_runs(rows_at, ENCODER_FORWARD_TOKENS)
+    group_of = {width: n for n, run in enumerate(runs) for width in run}
+    groups: list[list[Waiting]] = [[] for _ in runs]
     for item in sorted(waiting, key=lambda w: w.request.width):
         groups[group_of[item.request.width]].append(item)
-    return list(groups.values())
+    return groups

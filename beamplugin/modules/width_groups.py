@@ -13,34 +13,40 @@ import math
 CALL_ROWS = 32
 
 
+def cheapest_runs(rows_at: dict[int, int], call_cost: float) -> list[list[int]]:
+    """The widths of ``rows_at`` (width: its rows) in the runs of the sorted widths that cost
+    least, narrowest first: a run costs ``call_cost`` plus its rows times its widest (dynamic
+    programming over the distinct widths, a few dozen at most)."""
+    widths = sorted(rows_at)
+    # cost[j]: of the rows of widths[:j]; start[j]: where its last run starts
+    cost, start = [0.0], [0]
+    for j, width in enumerate(widths, 1):
+        rows, best, first = 0, math.inf, 0
+        for i in range(j - 1, -1, -1):  # the last run: widths[i:j]
+            rows += rows_at[widths[i]]
+            run_cost = cost[i] + call_cost + rows * width
+            if run_cost < best:
+                best, first = run_cost, i
+        cost.append(best)
+        start.append(first)
+    runs, j = [], len(widths)
+    while j:
+        runs.append(widths[start[j] : j])
+        j = start[j]
+    return runs[::-1]
+
+
 def width_groups(lengths: list[int]) -> list[tuple[list[int], int]]:
-    """The sentences of own ``lengths`` in the groups that cost least, each as its sentences
-    (indices into ``lengths``, shortest first) and its width (its longest): a group costs
-    :data:`CALL_ROWS` plus its sentences times its width. Groups hold runs of the sorted
-    lengths; the best split is found over the distinct lengths (dynamic programming)."""
+    """The sentences of own ``lengths`` in the groups that cost least (:func:`cheapest_runs`,
+    a call costing :data:`CALL_ROWS`), each as its sentences (indices into ``lengths``,
+    shortest first) and its width (its longest)."""
     count_of: dict[int, int] = {}
     for length in lengths:
         count_of[length] = count_of.get(length, 0) + 1
-    widths = sorted(count_of)
-    # cost[j]: of the sentences of widths[:j]; start[j]: where its last group starts
-    cost, start = [0], [0]
-    for j, width in enumerate(widths, 1):
-        rows, best, first = 0, math.inf, 0
-        for i in range(j - 1, -1, -1):  # the last group: widths[i:j]
-            rows += count_of[widths[i]]
-            group_cost = cost[i] + CALL_ROWS + rows * width
-            if group_cost < best:
-                best, first = group_cost, i
-        cost.append(best)
-        start.append(first)
-    bounds, j = [], len(widths)
-    while j:
-        bounds.append((start[j], j))
-        j = start[j]
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     groups, taken = [], 0
-    for first, last in reversed(bounds):
-        size = sum(count_of[w] for w in widths[first:last])
-        groups.append((order[taken : taken + size], widths[last - 1]))
+    for run in cheapest_runs(count_of, CALL_ROWS):
+        size = sum(count_of[w] for w in run)
+        groups.append((order[taken : taken + size], run[-1]))
         taken += size
     return groups
