@@ -30,7 +30,7 @@ from beamplugin.engine.scheduler import Scheduler, Waiting
 from beamplugin.engine.slots import Sentence, Slots
 from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.runtime.heap import keep_freed_memory
-from beamplugin.search.beam_step import BeamStep, step_laid_out
+from beamplugin.search.beam_step import BeamStep, candidates_per_row, step_laid_out
 from beamplugin.search.constraints import (
     ConstrainedSentence,
     Progress,
@@ -205,7 +205,7 @@ class DecodingEngine:
         constrained = self._constrained(lprobs, multi)
         if constrained and len(constrained) == len(slots.live):  # no plain step to run
             hypotheses = self.runner.scores.size(1) if multi else 1
-            k = min(2 * beam, hypotheses * lprobs.size(1) - 1)  # beam_step's, as fairseq's
+            k = candidates_per_row(beam, hypotheses, lprobs.size(1))
             res, states = constrained_step(constrained, k, beam, eos)
         else:
             res = step_laid_out(lprobs, self.runner.scores, multi, slots.one_row, beam, eos)

@@ -35,6 +35,12 @@ class BeamStep(NamedTuple):
     first_nan: Tensor | None = None
 
 
+def candidates_per_row(beam_size: int, hypotheses: int, vocab: int) -> int:
+    """fairseq's k: the 2 x beam best of a sentence's ``hypotheses`` x ``vocab`` scores, or all
+    but one (pad is never a candidate)."""
+    return min(2 * beam_size, hypotheses * vocab - 1)
+
+
 def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamStep:
     """Expand ``in_beam`` hypotheses per sentence by one token.
 
@@ -47,8 +53,7 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         eos: end-of-sentence token.
     """
     bsz, in_beam, vocab = lprobs.shape
-    # fairseq's k: the 2 x beam best, or all but one (pad is never a candidate)
-    k = min(2 * beam_size, in_beam * vocab - 1)
+    k = candidates_per_row(beam_size, in_beam, vocab)
     if k >= beam_size and candidates.serves(lprobs):  # our kernel, where ties do not decide
         step = candidates.beam_step(lprobs, scores, k, beam_size, eos)
         if step is not None:
