@@ -27,7 +27,8 @@ void sentence_attention(const float *q, int64_t q_stride, const float *keys, int
                         int64_t sentences, int64_t each, int64_t embed, int64_t src, int threads);
 int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
                        const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
-                       int64_t k, float *values, int64_t *indices, int threads);
+                       int64_t k, float *values, int64_t *indices, uint8_t *unsure_rows,
+                       int threads);
 
 static uint64_t state = 12345;
 
@@ -116,12 +117,14 @@ static void check_candidates(int64_t sentences, int64_t beams, int64_t vocab)
     int64_t k = 2 * beams;
     float *values = malloc(sentences * k * sizeof(float));
     int64_t *indices = malloc(sentences * k * sizeof(int64_t));
+    uint8_t *unsure_rows = malloc(sentences);
     int64_t unsure = top_candidates(lprobs, beams * vocab, vocab, scores, sentences, beams,
-                                    vocab, k, values, indices, 1);
+                                    vocab, k, values, indices, unsure_rows, 1);
     emit(&unsure, sizeof unsure);
+    emit(unsure_rows, sentences);
     emit(values, sentences * k * sizeof(float));
     emit(indices, sentences * k * sizeof(int64_t));
-    free(lprobs), free(scores), free(values), free(indices);
+    free(lprobs), free(scores), free(values), free(indices), free(unsure_rows);
 }
 
 int main(void)

@@ -139,12 +139,47 @@ def test_the_beam_step_is_the_torch_steps(monkeypatch, sentences, beams, vocab, 
             assert torch.equal(a, b), field
 
 
+def test_torch_ranks_only_the_sentences_whose_ties_it_orders(monkeypatch):
+    """A tie or a NaN in one sentence of a batch leaves that sentence to torch.topk, the others
+    to the kernel: the candidates, and the beam step made of them, are torch's for all."""
+    from beamplugin.search.beam_step import beam_step
+
+    g = torch.Generator().manual_seed(7)
+    lprobs = torch.randn(16, 5, 3000, generator=g).log_softmax(-1)
+    lprobs[3] = -torch.randint(0, 4, (5, 3000), generator=g).float()  # many exact ties
+    lprobs[9, 1, 5] = math.nan
+    lprobs[12, 4, 100] = lprobs[12, 4, 101] = 30.0  # two equal bests
+    scores = torch.randn(16, 5, generator=g)
+    ranked = []
+    torchs = candidates.torch_top_candidates
+    def counted(lprobs: torch.Tensor, *rest):
+        ranked.append(len(lprobs))
+        return torchs(lprobs, *rest)
+
+    monkeypatch.setattr(candidates, "torch_top_candidates", counted)
+    values, indices = candidates.top_candidates(lprobs, scores, 10)
+    want_values, want_indices = expected(lprobs, scores, 10)
+    assert ranked == [3]
+    assert torch.equal(indices, want_indices)
+    assert torch.equal(values.nan_to_num(), want_values.nan_to_num())
+    ours = beam_step(lprobs, scores, 5, eos=2)
+    assert ranked == [3, 3]
+    kernels_step = candidates.beam_step
+    monkeypatch.setattr(candidates, "beam_step", lambda lprobs, *rest: (
+        kernels_step(lprobs, *rest)[0], torch.arange(len(lprobs))))  # fmt: skip
+    theirs = beam_step(lprobs, scores, 5, eos=2)  # every sentence in torch's order
+    assert ranked == [3, 3, 16]
+    for field, a, b in zip(ours._fields, ours, theirs, strict=True):
+        assert torch.equal(a.nan_to_num() if a.is_floating_point() else a,
+                           b.nan_to_num() if b.is_floating_point() else b), field  # fmt: skip
+
+
 @pytest.mark.parametrize("isa", [i for i in instruction_sets.SETS if instruction_sets.runs_here(i)],
                          ids=lambda isa: isa.name)  # fmt: skip
 def test_each_instruction_sets_build_finds_torchs_candidates(isa):
     """The kernel built for each set this CPU runs (AVX2's on an AVX-512 machine too) gives
     torch's candidates."""
-    argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, POINTER, POINTER, INT]
+    argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, *[POINTER] * 3, INT]
     kernel = native_library.function("candidates", "top_candidates", argtypes, SIZE, isa)
     if kernel is None:
         pytest.skip("no C compiler here")
@@ -154,8 +189,10 @@ def test_each_instruction_sets_build_finds_torchs_candidates(isa):
         scores = torch.randn(sentences, beams, generator=g) * 5
         k = 2 * beams
         values, indices = torch.empty(sentences, k), torch.empty(sentences, k, dtype=torch.int64)
+        unsure_rows = torch.ones(sentences, dtype=torch.bool)
         unsure = kernel(lprobs.data_ptr(), lprobs.stride(0), lprobs.stride(1), scores.data_ptr(),
-                        sentences, beams, vocab, k, values.data_ptr(), indices.data_ptr(), 1)
-        assert unsure == 0, (sentences, beams, vocab)
+                        sentences, beams, vocab, k, values.data_ptr(), indices.data_ptr(),
+                        unsure_rows.data_ptr(), 1)  # fmt: skip
+        assert unsure == 0 and not unsure_rows.any(), (sentences, beams, vocab)
         want_values, want_indices = expected(lprobs, scores, k)
         assert torch.equal(values, want_values) and torch.equal(indices, want_indices)

@@ -30,13 +30,8 @@ from beamplugin.engine.scheduler import Scheduler, Waiting
 from beamplugin.engine.slots import Sentence, Slots
 from beamplugin.runtime.collector import freeze_startup_objects
 from beamplugin.runtime.heap import keep_freed_memory
-from beamplugin.search.beam_step import BeamStep, candidates_per_row, step_laid_out
-from beamplugin.search.constraints import (
-    ConstrainedSentence,
-    Progress,
-    constrained_step,
-    with_rows,
-)
+from beamplugin.search.beam_step import BeamStep, candidates_per_row, step_laid_out, with_rows
+from beamplugin.search.constraints import ConstrainedSentence, Progress, constrained_step
 from beamplugin.search.log_prob_rules import LogProbRules
 from beamplugin.search.options import DecodingOptions
 

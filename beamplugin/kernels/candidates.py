@@ -1,7 +1,8 @@
 """A beam search step's candidates (the k best of each sentence's log-probabilities plus its
 hypotheses' scores) on the CPU through our kernel (``native/candidates.c``): one pass, without
-materializing the sums, the candidates and scores ``torch.topk`` of the sums gives. Where the
-order is torch's own choice (equal scores, NaN), ``torch.topk`` makes it."""
+materializing the sums, the candidates and scores ``torch.topk`` of the sums gives. Where a
+sentence's order is torch's own choice (equal scores, NaN), ``torch.topk`` ranks that sentence
+(each sentence's ranking is its own: the others keep the kernel's)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ from beamplugin.kernels.trials import Trial
 
 @native_library.cached
 def _kernel() -> Callable[..., Any] | None:
-    argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, POINTER, POINTER, INT]
-    return native_library.function("candidates", "top_candidates", argtypes, SIZE)
+    argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, POINTER, POINTER, POINTER]
+    return native_library.function("candidates", "top_candidates", [*argtypes, INT], SIZE)
 
 
 @native_library.cached
 def _step_kernel() -> Callable[..., Any] | None:
     argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, SIZE]
-    argtypes += [POINTER] * 7 + [INT]
+    argtypes += [POINTER] * 8 + [INT]
     return native_library.function("candidates", "beam_step", argtypes, SIZE)
 
 
@@ -86,6 +87,7 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     scores = scores.contiguous()
     values = lprobs.new_empty((sentences, k))
     indices = torch.empty((sentences, k), dtype=torch.int64)
+    unsure_rows = torch.empty(sentences, dtype=torch.bool)
     unsure = kernel(
         lprobs.data_ptr(),
         lprobs.stride(0),
@@ -97,21 +99,24 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
         k,
         values.data_ptr(),
         indices.data_ptr(),
+        unsure_rows.data_ptr(),
         threads_for(sentences * beams * vocab // 8),
     )
     if unsure:  # equal scores or NaN: torch's order, which fairseq's results follow
-        return torch_top_candidates(lprobs, scores, k)
+        rows = unsure_rows.nonzero().squeeze(1)
+        values[rows], indices[rows] = torch_top_candidates(lprobs[rows], scores[rows], k)
     return values, indices
 
 
 def beam_step(
     lprobs: Tensor, scores: Tensor, k: int, beam_size: int, eos: int
-) -> tuple[Tensor, ...] | None:
+) -> tuple[tuple[Tensor, ...], Tensor | None]:
     """fairseq's beam step on the ``k`` (>= ``beam_size``) best candidates of :func:`top_candidates`
     in one call: candidate scores, tokens and hypotheses ``[sentences, k]``, which of the first
     ``beam_size`` end in EOS (finalize), and the next beam's hypotheses, tokens and scores
     ``[sentences, beam_size]`` (beamplugin.search.beam_step.BeamStep's fields, in its order);
-    None where equal scores or NaN leave the order to torch.topk."""
+    and the sentences whose equal scores or NaN leave their order to torch.topk (their rows
+    of the step not made), or None."""
     kernel = _step_kernel()
     assert kernel is not None, "check serves() first"
     sentences, beams, vocab = lprobs.shape
@@ -132,9 +137,10 @@ def beam_step(
         torch.empty(beam, dtype=torch.int64),  # its tokens
         lprobs.new_empty(beam),  # its scores
     )
+    unsure_rows = torch.empty(sentences, dtype=torch.bool)
     unsure = kernel(
         lprobs.data_ptr(), lprobs.stride(0), lprobs.stride(1), scores.data_ptr(), sentences,
         beams, vocab, k, beam_size, eos, *[t.data_ptr() for t in outputs],
-        threads_for(sentences * beams * vocab // 8),
+        unsure_rows.data_ptr(), threads_for(sentences * beams * vocab // 8),
     )  # fmt: skip
-    return None if unsure else outputs
+    return outputs, (unsure_rows.nonzero().squeeze(1) if unsure else None)

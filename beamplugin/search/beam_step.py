@@ -55,13 +55,22 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
     bsz, in_beam, vocab = lprobs.shape
     k = candidates_per_row(beam_size, in_beam, vocab)
     if k >= beam_size and candidates.serves(lprobs):  # our kernel, where ties do not decide
-        step = candidates.beam_step(lprobs, scores, k, beam_size, eos)
-        if step is not None:
-            return BeamStep(*step)
-        # equal scores or NaN: torch's order, which fairseq's results follow
-        cand_scores, flat = candidates.torch_top_candidates(lprobs, scores, k)
-    else:
-        cand_scores, flat = top_candidates(lprobs, scores, k)
+        made, unsure = candidates.beam_step(lprobs, scores, k, beam_size, eos)
+        if unsure is None:
+            return BeamStep(*made)
+        # equal scores or NaN: those sentences in torch's order, which fairseq's results follow
+        ranked = candidates.torch_top_candidates(lprobs[unsure], scores[unsure], k)
+        theirs = _step_of(*ranked, in_beam, vocab, beam_size, eos)
+        return with_rows(BeamStep(*made), unsure, theirs)
+    return _step_of(*top_candidates(lprobs, scores, k), in_beam, vocab, beam_size, eos)
+
+
+def _step_of(
+    cand_scores: Tensor, flat: Tensor, in_beam: int, vocab: int, beam_size: int, eos: int
+) -> BeamStep:
+    """fairseq's beam step on ranked candidates (scores and flat indices ``beam x vocab +
+    token``, best first)."""
+    k = cand_scores.size(1)
     cand_beams = torch.div(flat, vocab, rounding_mode="floor")
     cand_tokens = flat.remainder(vocab)
     # An EOS with score -inf (masked EOS) is an ordinary dead candidate, as in fairseq.
@@ -83,6 +92,23 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         alive_scores=alive_scores,
         first_nan=cand_scores[:, :1].isnan(),
     )
+
+
+def with_rows(res: BeamStep, index: Tensor | list[int], rows: BeamStep) -> BeamStep:
+    """``res`` with its rows ``index`` replaced by those of ``rows`` (as wide)."""
+    at = torch.as_tensor(index, device=res.cand_scores.device)
+    replaced = {
+        name: getattr(res, name).index_copy(0, at, getattr(rows, name))
+        for name in BeamStep._fields[:-1]
+    }
+    if res.first_nan is not None or rows.first_nan is not None:  # a NaN: stepped again
+        whole, part = (
+            step.first_nan if step.first_nan is not None
+            else torch.zeros((step.cand_scores.size(0), 1), dtype=torch.bool, device=at.device)
+            for step in (res, rows)
+        )  # fmt: skip
+        replaced["first_nan"] = whole.index_copy(0, at, part)
+    return res._replace(**replaced)
 
 
 def concat_steps(first: BeamStep, second: BeamStep) -> BeamStep:

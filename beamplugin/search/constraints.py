@@ -142,23 +142,6 @@ def constrained_step(
     return step, progress
 
 
-def with_rows(res: BeamStep, index: list[int], rows: BeamStep) -> BeamStep:
-    """``res`` with its rows ``index`` replaced by those of ``rows`` (a constrained step)."""
-    at = torch.tensor(index, device=res.cand_scores.device)
-    replaced = {
-        name: getattr(res, name).index_copy(0, at, getattr(rows, name))
-        for name in BeamStep._fields[:-1]
-    }
-    if res.first_nan is not None or rows.first_nan is not None:  # a NaN: stepped again
-        whole, part = (
-            step.first_nan if step.first_nan is not None
-            else torch.zeros((step.cand_scores.size(0), 1), dtype=torch.bool, device=at.device)
-            for step in (res, rows)
-        )  # fmt: skip
-        replaced["first_nan"] = whole.index_copy(0, at, part)
-    return res._replace(**replaced)
-
-
 def _candidates(
     group: list[ConstrainedSentence], k: int, eos: int
 ) -> tuple[list[_Candidates], torch.dtype]:

@@ -52,11 +52,13 @@ static inline void consider(float value, int64_t index, float *best, int64_t *wh
 }
 
 /* lprobs: [sentences, beams, vocab] (strides sentence_stride, beam_stride, 1); scores:
- * [sentences, beams] contiguous; values, indices: [sentences, k], written. Returns the number
- * of sentences whose candidates torch.topk may order otherwise (ties, NaN). */
+ * [sentences, beams] contiguous; values, indices: [sentences, k], written; unsure: [sentences],
+ * written: 1 where torch.topk may order the sentence's candidates otherwise (ties, NaN). Returns
+ * the number of such sentences. */
 int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
                        const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
-                       int64_t k, float *values, int64_t *indices, int threads)
+                       int64_t k, float *values, int64_t *indices, uint8_t *unsure_rows,
+                       int threads)
 {
     int64_t unsure = 0;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1) \
@@ -98,7 +100,8 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
                     consider(value, first + v, best, where, &count, k, &tie);
             }
         }
-        unsure += nan || count < k || (tie.seen && tie.value >= best[k - 1]);
+        unsure_rows[s] = nan || count < k || (tie.seen && tie.value >= best[k - 1]);
+        unsure += unsure_rows[s];
     }
     return unsure;
 }
@@ -109,19 +112,22 @@ int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t bea
  * candidates that do not end in EOS, in rank order, then EOS ones (their scores -inf where
  * fewer than beam_size others can exist: k - beams < beam_size). Outputs [sentences, k]
  * (scores, tokens, beams) and [sentences, beam_size] (finalize, alive beams, tokens, scores).
- * Returns top_candidates' count of unsure sentences; with any, the step is torch's to make. */
+ * unsure: as top_candidates'; an unsure sentence's step is left to the caller (torch's to make).
+ * Returns the number of unsure sentences. */
 int64_t beam_step(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
                   const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
                   int64_t k, int64_t beam_size, int64_t eos, float *cand_scores,
                   int64_t *cand_tokens, int64_t *cand_beams, uint8_t *finalize,
-                  int64_t *alive_beams, int64_t *alive_tokens, float *alive_scores, int threads)
+                  int64_t *alive_beams, int64_t *alive_tokens, float *alive_scores,
+                  uint8_t *unsure_rows, int threads)
 {
     int64_t unsure = top_candidates(lprobs, sentence_stride, beam_stride, scores, sentences,
-                                    beams, vocab, k, cand_scores, cand_tokens, threads);
-    if (unsure)
-        return unsure;
+                                    beams, vocab, k, cand_scores, cand_tokens, unsure_rows,
+                                    threads);
     int dead_slots = k - beams < beam_size;
     for (int64_t s = 0; s < sentences; s++) {
+        if (unsure_rows[s])
+            continue;
         float *score = cand_scores + s * k;
         int64_t *token = cand_tokens + s * k, *from = cand_beams + s * k;
         uint8_t ends[k];
@@ -143,5 +149,5 @@ int64_t beam_step(const float *lprobs, int64_t sentence_stride, int64_t beam_str
                     alive_scores[i] = dead_slots && ends[j] ? -INFINITY : score[j];
                 }
     }
-    return 0;
+    return unsure;
 }
