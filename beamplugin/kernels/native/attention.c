@@ -67,13 +67,13 @@ static inline float dot(const float *a, const float *b, int64_t n)
 }
 
 /* out (head_dim) = sum over j of p[j] times column j (head_dim floats at
- * values + rows[j] x row_stride + j x head_dim; rows NULL: row 0), j where p[j] > 0, in order of
+ * values + rows[j] x row_stride + j x head_dim), j where p[j] > 0, in order of
  * j: 64 dimensions at a time, four independent chains */
 static inline void weigh_sources(const float *p, const float *values, const int64_t *rows,
                                  int64_t row_stride, int64_t width, int64_t head_dim,
                                  float *out)
 {
-#define COLUMN(j) (values + (rows ? rows[j] * row_stride : 0) + (j) * head_dim)
+#define COLUMN(j) (values + rows[j] * row_stride + (j) * head_dim)
     int64_t d = 0;
     for (; d + 64 <= head_dim; d += 64) {
         v16 a0 = zero16(), a1 = zero16(), a2 = zero16(), a3 = zero16();
@@ -170,74 +170,6 @@ int self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *val
         }
     }
     return 0;
-}
-
-/* q: rows x embed (row stride q_stride), rows sentence by sentence, `each` a sentence.
- * keys: [sentences, heads, head_dim, src] (strides k_sentence, k_head, k_dim, 1); values:
- * [sentences, heads, src, head_dim] (strides v_sentence, v_head, head_dim, 1); bias:
- * [sentences, src] (strides bias_sentence, 1), 0 or -inf. mean: rows x src (row stride
- * mean_stride), the weights averaged over heads (summed head after head, then divided: torch's
- * mean at up to 4 heads), written, or NULL. out: rows x embed. */
-/* part `part` of `parts` of the cache lines of a head's memory (keys: head_dim rows of src
- * floats, k_dim apart; values: src x head_dim floats) asked for */
-static inline void ask_for_memory_part(const float *k, int64_t k_dim, const float *v,
-                                       int64_t head_dim, int64_t src, int64_t part,
-                                       int64_t parts)
-{
-    int64_t row_lines = (src + 15) / 16, key_lines = head_dim * row_lines;
-    int64_t lines = key_lines + (src * head_dim + 15) / 16;
-    for (int64_t i = part * lines / parts; i < (part + 1) * lines / parts; i++)
-        __builtin_prefetch(i < key_lines ? k + (i / row_lines) * k_dim + (i % row_lines) * 16
-                                         : v + (i - key_lines) * 16,
-                           0, 3);
-}
-
-void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
-                     int64_t k_head, int64_t k_dim, const float *values, int64_t v_sentence,
-                     int64_t v_head, const float *bias, int64_t bias_sentence, float *mean,
-                     int64_t mean_stride, float *out, int64_t rows, int64_t each, int64_t heads,
-                     int64_t head_dim, int64_t src, int threads)
-{
-    int64_t embed = heads * head_dim, sentences = rows / each;
-    /* a sentence's rows one head after another, so that the head's keys and values are read
-     * from memory once for all of them; the next head's (or sentence's) asked for meanwhile,
-     * a share at each row */
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t sentence = 0; sentence < sentences; sentence++) {
-        const float *sentence_bias = bias + sentence * bias_sentence;
-        for (int64_t h = 0; h < heads; h++) {
-            const float *k = keys + sentence * k_sentence + h * k_head;
-            const float *v = values + sentence * v_sentence + h * v_head;
-            int64_t next = h + 1 < heads ? sentence : sentence + 1, next_h = (h + 1) % heads;
-            for (int64_t i = 0; i < each; i++) {
-                int64_t r = sentence * each + i;
-                if (next < sentences)
-                    ask_for_memory_part(keys + next * k_sentence + next_h * k_head, k_dim,
-                                        values + next * v_sentence + next_h * v_head, head_dim,
-                                        src, i, each);
-                const float *query = q + r * q_stride + h * head_dim;
-                float s[src];
-                for (int64_t j = 0; j < src; j++)
-                    s[j] = 0.0f;
-                for (int64_t d = 0; d < head_dim; d++) {
-                    float a = query[d];
-                    const float *k_row = k + d * k_dim;
-                    for (int64_t j = 0; j < src; j++)
-                        s[j] = fma1(a, k_row[j], s[j]);
-                }
-                for (int64_t j = 0; j < src; j++)
-                    s[j] = sentence_bias[j] == -INFINITY ? -INFINITY : sentence_bias[j] + s[j];
-                softmax(s, src);
-                weigh_sources(s, v, NULL, 0, src, head_dim, out + r * embed + h * head_dim);
-                float *m = mean ? mean + r * mean_stride : 0;
-                for (int64_t j = 0; m && j < src; j++)
-                    m[j] = h ? m[j] + s[j] : s[j];
-            }
-        }
-        for (int64_t i = 0; mean && i < each; i++)
-            for (int64_t j = 0; j < src; j++)
-                mean[(sentence * each + i) * mean_stride + j] /= (float)heads;
-    }
 }
 
 /* ---- attention of a sentence's rows over its one memory (ConvS2S's: one head) ---------------
@@ -340,6 +272,82 @@ static inline __attribute__((always_inline)) void sentence_tile(
                     acc = fma1(s[i * src + j], values[j * v_src + d], acc);
             out[i * out_stride + d] = acc * scale;
         }
+}
+
+/* q: rows x embed (row stride q_stride), rows sentence by sentence, `each` a sentence.
+ * keys: [sentences, heads, head_dim, src] (strides k_sentence, k_head, k_dim, 1); values:
+ * [sentences, heads, src, head_dim] (strides v_sentence, v_head, head_dim, 1); bias:
+ * [sentences, src] (strides bias_sentence, 1), 0 or -inf. mean: rows x src (row stride
+ * mean_stride), the weights averaged over heads (summed head after head, then divided: torch's
+ * mean at up to 4 heads), written, or NULL. out: rows x embed.
+ *
+ * Each head of a sentence as ConvS2S's attention (sentence_tile): its rows (beams) in tiles
+ * that read the head's keys and values once, sums in registers, the same chains (so the same
+ * bits) as one row alone. */
+/* part `part` of `parts` of the cache lines of a head's memory (keys: head_dim rows of src
+ * floats, k_dim apart; values: src x head_dim floats) asked for */
+static inline void ask_for_memory_part(const float *k, int64_t k_dim, const float *v,
+                                       int64_t head_dim, int64_t src, int64_t part,
+                                       int64_t parts)
+{
+    int64_t row_lines = (src + 15) / 16, key_lines = head_dim * row_lines;
+    int64_t lines = key_lines + (src * head_dim + 15) / 16;
+    for (int64_t i = part * lines / parts; i < (part + 1) * lines / parts; i++)
+        __builtin_prefetch(i < key_lines ? k + (i / row_lines) * k_dim + (i % row_lines) * 16
+                                         : v + (i - key_lines) * 16,
+                           0, 3);
+}
+
+void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
+                     int64_t k_head, int64_t k_dim, const float *values, int64_t v_sentence,
+                     int64_t v_head, const float *bias, int64_t bias_sentence, float *mean,
+                     int64_t mean_stride, float *out, int64_t rows, int64_t each, int64_t heads,
+                     int64_t head_dim, int64_t src, int threads)
+{
+    int64_t embed = heads * head_dim, sentences = rows / each;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t sentence = 0; sentence < sentences; sentence++) {
+        const float *sentence_bias = bias + sentence * bias_sentence;
+        float s[SENTENCE_TILE * src];
+        for (int64_t h = 0; h < heads; h++) {
+            const float *k = keys + sentence * k_sentence + h * k_head;
+            const float *v = values + sentence * v_sentence + h * v_head;
+            /* the next head's (or sentence's) keys and values asked for while these are read */
+            int64_t next = h + 1 < heads ? sentence : sentence + 1, next_h = (h + 1) % heads;
+            if (next < sentences)
+                ask_for_memory_part(keys + next * k_sentence + next_h * k_head, k_dim,
+                                    values + next * v_sentence + next_h * v_head, head_dim, src,
+                                    0, 1);
+            for (int64_t first = 0; first < each; first += SENTENCE_TILE) {
+                int64_t r = sentence * each + first;
+                int tile = each - first < SENTENCE_TILE ? (int)(each - first) : SENTENCE_TILE;
+                const float *qr = q + r * q_stride + h * head_dim;
+                float *o = out + r * embed + h * head_dim;
+                switch (tile) {
+#define HEAD_ROWS(R)                                                                            \
+    case R:                                                                                     \
+        sentence_tile(R, qr, q_stride, k, k_dim, v, head_dim, sentence_bias, 1.0f, s, o, embed, \
+                      head_dim, src);                                                           \
+        break;
+                    HEAD_ROWS(1)
+                    HEAD_ROWS(2)
+                    HEAD_ROWS(3)
+                    HEAD_ROWS(4)
+                    HEAD_ROWS(5)
+                    HEAD_ROWS(6)
+#undef HEAD_ROWS
+                }
+                for (int i = 0; mean && i < tile; i++) {
+                    float *m = mean + (r + i) * mean_stride;
+                    for (int64_t j = 0; j < src; j++)
+                        m[j] = h ? m[j] + s[i * src + j] : s[i * src + j];
+                }
+            }
+        }
+        for (int64_t i = 0; mean && i < each; i++)
+            for (int64_t j = 0; j < src; j++)
+                mean[(sentence * each + i) * mean_stride + j] /= (float)heads;
+    }
 }
 
 /* q: sentences x each rows of embed (row stride q_stride), sentence-major. keys: [sentences,
