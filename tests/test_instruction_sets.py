@@ -187,6 +187,24 @@ def test_a_verdict_is_timed_once_kept_on_disk_and_obeyed(kernels_for, tmp_path, 
     assert trials.ours_is_faster("demo", (6,), slower) and slower.made == 1
 
 
+def test_a_trial_that_finds_torch_faster_is_timed_again(kernels_for, tmp_path, monkeypatch):
+    """A burst of other work during a trial (ours slowed for its first rounds only) does not
+    hand the kernel to torch: a verdict for torch is timed again, each side's fastest kept."""
+    monkeypatch.setenv(native_library.CACHE, str(tmp_path))
+    kernels_for("")
+    calls = []
+
+    def ours() -> None:  # the first attempt's 11 calls slowed (warm, count, 9 rounds)
+        calls.append(1)
+        time.sleep(0.002 if len(calls) <= 11 else 0.0)
+
+    trial = Trial(ours, functools.partial(time.sleep, 0.0005), [()])
+    assert trials.ours_is_faster("noisy", (1,), lambda: trial)
+    assert len(calls) > 11
+    (kept,) = tmp_path.glob("trials/*/noisy-1.txt")
+    assert kept.read_text().startswith("ours ")
+
+
 @needs_compiler
 def test_a_weight_whose_verdict_is_torchs_is_laid_out_for_torch(kernels_for, tmp_path,
                                                                  monkeypatch):  # fmt: skip

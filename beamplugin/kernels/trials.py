@@ -33,6 +33,10 @@ OURS, TORCHS = "ours", "torch"
 # drift hits both, and other work on it only ever adds time.
 ROUNDS = 9
 ROUND_SECONDS = 0.0005  # the least a round of one side runs (a trial takes some 10-30 ms)
+# A trial that finds torch's faster is timed again, up to this many times in all, each side's
+# fastest round kept: a burst of other work (which only adds time) must not hand a kernel to
+# torch for good where ours is faster.
+ATTEMPTS = 3
 # The rows a product kernel is timed at against torch's for a weight's shape: a decoder step's
 # at beam 5, and a batch's of 16 sentences.
 TRIAL_ROWS = (5, 80)
@@ -79,9 +83,15 @@ def _verdict(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Trial], si
         kept = path.read_text()
     except OSError:
         ours, torchs, inputs = trial()
+        best = [(math.inf, math.inf)] * len(inputs)
         with torch.no_grad():
-            ratios = [_ratio(ours, torchs, args) for args in inputs]
-        ratio = math.exp(statistics.fmean(math.log(r) for r in ratios))
+            for _ in range(ATTEMPTS):
+                times = [_fastest(ours, torchs, args) for args in inputs]
+                best = [(min(a, c), min(b, d)) for (a, b), (c, d) in zip(best, times, strict=True)]
+                ratios = [ours_time / torchs_time for ours_time, torchs_time in best]
+                ratio = math.exp(statistics.fmean(math.log(r) for r in ratios))
+                if ratio < 1.0:
+                    break
         kept = f"{OURS if ratio < 1.0 else TORCHS} {ratio:.3f} "
         kept += " ".join(f"{r:.3f}" for r in ratios) + "\n"
         kept = _write_once(path, kept)
@@ -91,8 +101,10 @@ def _verdict(kernel: str, shape: tuple[Any, ...], trial: Callable[[], Trial], si
     return verdict == OURS
 
 
-def _ratio(ours: Callable[..., Any], torchs: Callable[..., Any], args: tuple[Any, ...]) -> float:
-    """Our time over torch's for one input: the fastest of interleaved rounds."""
+def _fastest(
+    ours: Callable[..., Any], torchs: Callable[..., Any], args: tuple[Any, ...]
+) -> tuple[float, float]:
+    """Our time and torch's for one input (a call's): the fastest of interleaved rounds."""
     ours(*args), torchs(*args)  # warm: first-call allocations and packing
     start = time.perf_counter()
     ours(*args)
@@ -104,7 +116,7 @@ def _ratio(ours: Callable[..., Any], torchs: Callable[..., Any], args: tuple[Any
             for _ in range(calls):
                 run(*args)
             times[side].append(time.perf_counter() - start)
-    return min(times[0]) / min(times[1])
+    return min(times[0]) / calls, min(times[1]) / calls
 
 
 def _folder() -> Path:
