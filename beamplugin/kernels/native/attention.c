@@ -246,13 +246,20 @@ static inline __attribute__((always_inline)) void sentence_tile(
         score_tile(rows, 2, q, q_stride, keys, k_dim, embed, j, s, src);
     for (; j + LANES <= src; j += LANES)
         score_tile(rows, 1, q, q_stride, keys, k_dim, embed, j, s, src);
-    for (; j < src; j++)
-        for (int i = 0; i < rows; i++) {
-            float acc = 0.0f;
-            for (int64_t d = 0; d < embed; d++)
-                acc = fma1(q[i * q_stride + d], keys[d * k_dim + j], acc);
-            s[i * src + j] = acc;
+    if (j < src) {
+        /* the last positions, fewer than a vector, as a vector too, on a zero-padded copy of
+         * their keys: scalar chains of fused multiply-adds, one a row and position, took most
+         * of the attention's time at a source of 21 (the same chains, so the same bits) */
+        int64_t left = src - j;
+        float padded[embed * LANES], sums[SENTENCE_TILE * LANES];
+        for (int64_t d = 0; d < embed; d++) {
+            memcpy(padded + d * LANES, keys + d * k_dim + j, left * sizeof(float));
+            memset(padded + d * LANES + left, 0, (LANES - left) * sizeof(float));
         }
+        score_tile(rows, 1, q, q_stride, padded, LANES, embed, 0, sums, LANES);
+        for (int i = 0; i < rows; i++)
+            memcpy(s + i * src + j, sums + i * LANES, left * sizeof(float));
+    }
     for (int i = 0; i < rows; i++) {
         float *row = s + i * src;
         for (j = 0; bias && j < src; j++)
@@ -284,18 +291,14 @@ static inline __attribute__((always_inline)) void sentence_tile(
  * Each head of a sentence as ConvS2S's attention (sentence_tile): its rows (beams) in tiles
  * that read the head's keys and values once, sums in registers, the same chains (so the same
  * bits) as one row alone. */
-/* part `part` of `parts` of the cache lines of a head's memory (keys: head_dim rows of src
- * floats, k_dim apart; values: src x head_dim floats) asked for */
-static inline void ask_for_memory_part(const float *k, int64_t k_dim, const float *v,
-                                       int64_t head_dim, int64_t src, int64_t part,
-                                       int64_t parts)
+/* every cache line of a head's memory asked for (keys: head_dim rows of src floats, k_dim
+ * apart; values: src x head_dim floats) */
+static inline void ask_for_head(const float *k, int64_t k_dim, const float *v, int64_t head_dim,
+                                int64_t src)
 {
-    int64_t row_lines = (src + 15) / 16, key_lines = head_dim * row_lines;
-    int64_t lines = key_lines + (src * head_dim + 15) / 16;
-    for (int64_t i = part * lines / parts; i < (part + 1) * lines / parts; i++)
-        __builtin_prefetch(i < key_lines ? k + (i / row_lines) * k_dim + (i % row_lines) * 16
-                                         : v + (i - key_lines) * 16,
-                           0, 3);
+    for (int64_t d = 0; d < head_dim; d++)
+        ask_for(k + d * k_dim, src);
+    ask_for(v, src * head_dim);
 }
 
 void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_t k_sentence,
@@ -312,12 +315,13 @@ void cross_attention(const float *q, int64_t q_stride, const float *keys, int64_
         for (int64_t h = 0; h < heads; h++) {
             const float *k = keys + sentence * k_sentence + h * k_head;
             const float *v = values + sentence * v_sentence + h * v_head;
-            /* the next head's (or sentence's) keys and values asked for while these are read */
-            int64_t next = h + 1 < heads ? sentence : sentence + 1, next_h = (h + 1) % heads;
-            if (next < sentences)
-                ask_for_memory_part(keys + next * k_sentence + next_h * k_head, k_dim,
-                                    values + next * v_sentence + next_h * v_head, head_dim, src,
-                                    0, 1);
+            /* the same head of the sentence two ahead asked for while this one is read: a
+             * step's memory is read from DRAM after its logits have passed through the caches,
+             * and the next head's came too late (a quarter of the time at 64 sentences) */
+            int64_t ahead = sentence + 2;
+            if (ahead < sentences)
+                ask_for_head(keys + ahead * k_sentence + h * k_head, k_dim,
+                             values + ahead * v_sentence + h * v_head, head_dim, src);
             for (int64_t first = 0; first < each; first += SENTENCE_TILE) {
                 int64_t r = sentence * each + first;
                 int tile = each - first < SENTENCE_TILE ? (int)(each - first) : SENTENCE_TILE;
