@@ -104,7 +104,9 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
     )
     if unsure:  # equal scores or NaN: torch's order, which fairseq's results follow
         rows = unsure_rows.nonzero().squeeze(1)
-        values[rows], indices[rows] = torch_top_candidates(lprobs[rows], scores[rows], k)
+        ranked = torch_top_candidates(lprobs.index_select(0, rows), scores.index_select(0, rows), k)
+        values.index_copy_(0, rows, ranked[0])
+        indices.index_copy_(0, rows, ranked[1])
     return values, indices
 
 

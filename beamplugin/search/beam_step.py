@@ -59,7 +59,9 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         if unsure is None:
             return BeamStep(*made)
         # equal scores or NaN: those sentences in torch's order, which fairseq's results follow
-        ranked = candidates.torch_top_candidates(lprobs[unsure], scores[unsure], k)
+        ranked = candidates.torch_top_candidates(
+            lprobs.index_select(0, unsure), scores.index_select(0, unsure), k
+        )
         theirs = _step_of(*ranked, in_beam, vocab, beam_size, eos)
         return with_rows(BeamStep(*made), unsure, theirs)
     return _step_of(*top_candidates(lprobs, scores, k), in_beam, vocab, beam_size, eos)
