@@ -152,14 +152,16 @@ def best(outputs: list) -> list[list[int]]:
     return [hypos[0]["tokens"].tolist() for hypos in outputs]
 
 
-def quality(systems: dict, task, args: Namespace) -> None:
-    """sacreBLEU and chrF of each of our systems on the whole subset."""
+def quality(systems: dict, task, args: Namespace) -> list[dict]:
+    """sacreBLEU and chrF of each of our systems on the whole subset, and its records (row
+    ``precision-quality``: BLEU, best hypotheses equal to our float32's)."""
     references = open(args.ref, encoding="utf-8").read().splitlines()
     batches = checkpoint_batches(task, args.gen_subset, len(references), 64)
     print(f"\n## quality: all {len(references)} sentences of {args.gen_subset}, batch 64")
     print("| system | BLEU | chrF | best hypotheses equal to fp32 |")
     print("| --- | --- | --- | --- |")
     reference_best = None
+    records = []
     for name, (generator, model) in systems.items():
         if not name.startswith("ours"):
             continue
@@ -178,6 +180,16 @@ def quality(systems: dict, task, args: Namespace) -> None:
             equal = sum(a == b for a, b in zip(reference_best, best(outputs), strict=True))
             same = f"{equal}/{len(outputs)}"
         print(f"| {name} | {bleu.score:.2f} | {chrf.score:.2f} | {same} |")
+        records.append(common.record(
+            table=common.table_name(), row="precision-quality",
+            what=f"our convs2s in reduced precisions: all {len(references)} sentences of "
+                 f"{args.gen_subset}, batch 64, BLEU and best hypotheses equal to our float32's",
+            system="ours" if name == "ours fp32" else name, model=args.path,
+            precision=name.split()[-1], batch=64, bleu=bleu.score, chrf=chrf.score,
+            same_as_float32=same or None, command=common.command_line(),
+            **common.machine(threads=args.threads),
+        ))  # fmt: skip
+    return records
 
 
 def main() -> None:
@@ -249,7 +261,7 @@ def main() -> None:
             ))  # fmt: skip
         common.append_records(args.results, records)
     if args.ref and not args.random:
-        quality(systems, task, args)
+        common.append_records(args.results, quality(systems, task, args))
 
 
 if __name__ == "__main__":

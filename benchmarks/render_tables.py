@@ -101,6 +101,8 @@ def cell(record: Record, reference: Record | None) -> str:
         parts.append(ratio)
     if record.get("same_as_reference"):
         parts.append(f"{record['same_as_reference']} as {REFERENCE}")
+    if record.get("same_as_float32"):  # best hypotheses equal to our float32's
+        parts.append(f"{record['same_as_float32']} best as float32")
     return "; ".join(parts)
 
 
