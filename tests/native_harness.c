@@ -28,6 +28,7 @@ void sentence_attention(const float *q, int64_t q_stride, const float *keys, int
 int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
                        const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
                        int64_t k, float *values, int64_t *indices, int threads);
+void log_softmax(float *rows, int64_t count, int64_t width, int64_t stride, int threads);
 
 static uint64_t state = 12345;
 
@@ -124,6 +125,17 @@ static void check_candidates(int64_t sentences, int64_t beams, int64_t vocab)
     free(lprobs), free(scores), free(values), free(indices);
 }
 
+/* widths off the 16-float vectors, masked words, exps below the float range */
+static void check_log_softmax(int64_t rows, int64_t width)
+{
+    float *x = filled(rows * width);
+    for (int64_t i = 0; i < rows * width; i++)
+        x[i] = i % 7 == 3 ? -INFINITY : 60.0f * x[i];
+    log_softmax(x, rows, width, width, 1);
+    emit(x, rows * width * sizeof(float));
+    free(x);
+}
+
 int main(void)
 {
     const int64_t shapes[][2] = {{256, 256}, {1032, 256}, {37, 101}, {64, 1024}};
@@ -135,5 +147,8 @@ int main(void)
     check_sentence_attention(3, 5, 256, 48);
     check_sentence_attention(2, 13, 40, 37);
     check_candidates(3, 5, 3992);
+    check_log_softmax(5, 3992);
+    check_log_softmax(7, 37);
+    check_log_softmax(3, 3);
     return 0;
 }
