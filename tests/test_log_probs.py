@@ -81,6 +81,10 @@ def test_a_row_has_its_bits_alone_in_a_batch_and_on_any_threads():
     assert torch.equal(one_thread, two_threads)
     for row in (0, 3, 161, 319):
         assert torch.equal(ours(batch[row : row + 1]), one_thread[row : row + 1])
+    # padded with -inf (a shortlist's row beside a longer one): its columns keep their bits
+    for width in (1, 17, 64, 100, 4000):
+        padded = torch.cat([batch[:2, :width], torch.full((2, 8003 - width), -math.inf)], 1)
+        assert torch.equal(ours(padded)[:, :width], ours(batch[:2, :width]))
     # rows of a wider buffer (a view): the same bits, the columns beyond left as they were
     wide = torch.cat([batch[:5], torch.full((5, 13), 7.0)], 1)
     assert log_probs.log_softmax_(wide[:, :8003])

@@ -21,18 +21,20 @@ def _kernel() -> Callable[..., Any] | None:
     return native_library.function("log_softmax", "log_softmax", [POINTER, SIZE, SIZE, SIZE, INT])
 
 
-def log_softmax_(logits: Tensor) -> bool:
-    """``logits`` (float32 on the CPU, ``[..., vocab]``, rows of consecutive words) replaced by
+def log_softmax_(logits: Tensor, vocab: int | None = None) -> bool:
+    """``logits`` (float32 on the CPU, ``[..., width]``, rows of consecutive words) replaced by
     their log-softmax over the last dimension, where our kernel is built here and faster than
-    torch's at this vocabulary (beamplugin.kernels.trials); False, nothing written, where it
-    is not: the caller's ``torch.log_softmax`` then."""
+    torch's at ``vocab`` words (default ``width``; beamplugin.kernels.trials); False, nothing
+    written, where it is not: the caller's ``torch.log_softmax`` then. Rows of a shortlist's
+    columns pass the model's vocabulary: their kernel then is the whole rows', whatever their
+    width, and a row padded with -inf keeps its bits."""
     if logits.dtype != torch.float32 or not logits.is_cpu or logits.numel() == 0:
         return False
     rows = logits.view(-1, logits.size(-1)) if logits.is_contiguous() else logits
     if rows.dim() != 2 or rows.stride(1) != 1 or _kernel() is None:
         return False
-    vocab = rows.size(1)
-    if not trials.ours_is_faster("log_softmax", (vocab,), lambda: trial(vocab)):
+    words = vocab or rows.size(1)
+    if not trials.ours_is_faster("log_softmax", (words,), lambda: trial(words)):
         return False
     _apply(rows)
     return True

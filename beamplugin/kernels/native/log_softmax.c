@@ -4,7 +4,7 @@
  *
  * One pass for the max, one for the sum of exps, one to write: 16 floats at a time, the row's
  * last width % 16 as a vector padded with -inf (an exp of exactly 0), so a row of 1 or 3 columns
- * takes the same path. exp is Cephes' expf polynomial on the set's vectors (within 2 ulp; torch's
+ * takes the same path, and one padded with -inf its bits. exp is Cephes' expf polynomial on the set's vectors (within 2 ulp; torch's
  * Sleef exp differs from it as much), its 2^n put in the exponent bits. The sum runs in 4 x 16
  * lanes, folded in a fixed order (isa.h's lanes_sum): a row gets the same bits alone or
  * batched, on any thread, and on every set that fuses multiply-adds. log(sum) in double,
@@ -83,10 +83,14 @@ static void log_softmax_row(float *x, int64_t width)
         sum2 = add16(sum2, exp16(load16(x + j + 32), most));
         sum3 = add16(sum3, exp16(load16(x + j + 48), most));
     }
-    for (; j < full; j += 16)
-        sum0 = add16(sum0, exp16(load16(x + j), most));
-    sum0 = add16(sum0, exp16(load16(tail), most));
-    float sum = lanes_sum(add16(add16(sum0, sum1), add16(sum2, sum3)));
+    /* block b into sum b % 4 whatever the width: -inf columns after a row add exact zeros, so
+     * a row padded with them (a shortlist's, beside a longer one) keeps its bits */
+    v16 sums[4] = {sum0, sum1, sum2, sum3};
+    int64_t block = j / 16;
+    for (; j < full; j += 16, block++)
+        sums[block % 4] = add16(sums[block % 4], exp16(load16(x + j), most));
+    sums[block % 4] = add16(sums[block % 4], exp16(load16(tail), most));
+    float sum = lanes_sum(add16(add16(sums[0], sums[1]), add16(sums[2], sums[3])));
     float log_sum = (float)log((double)sum);
 
     for (j = 0; j < full; j += 16)
