@@ -2,21 +2,22 @@
  * x - max - log(sum of exp(x - max)), torch.log_softmax's formula and special cases (-inf gives
  * -inf; a row with NaN or +inf, or of -inf alone, gives NaN).
  *
- * One pass for the max, one for the sum of exps, one to write: 16 floats at a time, the row's
- * last width % 16 as a vector padded with -inf (an exp of exactly 0), so a row of 1 or 3 columns
- * takes the same path, and one padded with -inf its bits. exp is Cephes' expf polynomial on the set's vectors (within 2 ulp; torch's
- * Sleef exp differs from it as much), its 2^n put in the exponent bits. The sum runs in 4 x 16
- * lanes, folded in a fixed order (isa.h's lanes_sum): a row gets the same bits alone or
- * batched, on any thread, and on every set that fuses multiply-adds. log(sum) in double,
- * rounded once: the same float on every C library.
+ * One pass for the max, one for the sum of exps (the next row fetched meanwhile), one to write:
+ * 16 floats at a time, the row's last width % 16 as a vector padded with -inf (an exp of
+ * exactly 0), so a row of 1 or 3 columns takes the same path, and a row padded with -inf keeps
+ * its bits. exp is Cephes' expf polynomial on the set's vectors (within 2 ulp; torch's Sleef exp
+ * differs from it as much), its 2^n put in the exponent bits. The sum runs in 4 x 16 lanes,
+ * folded in a fixed order (isa.h's lanes_sum): a row gets the same bits alone or batched, on any
+ * thread, and on every set that fuses multiply-adds. log(sum) in double, rounded once: the same
+ * float on every C library.
  */
 #include <math.h>
 #include <stdint.h>
 
 #include "isa.h"
 
-/* at or below this, exp is 0 (its 2^n is 2^-127, whose exponent bits are 0): below -87.7,
- * where expf's results are subnormal, and -inf */
+/* exp's lower clamp: from about -87.7 down (expf's subnormal results, and -inf) its 2^n is
+ * 2^-127, whose exponent bits are 0: an exp of exactly 0 */
 #define EXP_LOWEST -88.0f
 
 /* exp(x) for x <= 0 (NaN stays NaN) */
@@ -53,7 +54,9 @@ static inline v16 exp16(v16 x, float most)
     return x;
 }
 
-static void log_softmax_row(float *x, int64_t width)
+/* x: the row; next: the row after it (NULL: none), fetched into L2 during this row's exps, where
+ * a large batch's logits (beyond L2) would stall the next row's max pass */
+static void log_softmax_row(float *x, int64_t width, const float *next)
 {
     int64_t full = width / 16 * 16, j;
     float tail[16];
@@ -78,6 +81,9 @@ static void log_softmax_row(float *x, int64_t width)
 
     v16 sum0 = zero16(), sum1 = zero16(), sum2 = zero16(), sum3 = zero16();
     for (j = 0; j + 64 <= full; j += 64) {
+        if (next)
+            for (int line = 0; line < 64; line += 16)
+                __builtin_prefetch(next + j + line, 0, 2);
         sum0 = add16(sum0, exp16(load16(x + j), most));
         sum1 = add16(sum1, exp16(load16(x + j + 16), most));
         sum2 = add16(sum2, exp16(load16(x + j + 32), most));
@@ -105,5 +111,5 @@ void log_softmax(float *rows, int64_t count, int64_t width, int64_t stride, int 
 {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t i = 0; i < count; i++)
-        log_softmax_row(rows + i * stride, width);
+        log_softmax_row(rows + i * stride, width, i + 1 < count ? rows + (i + 1) * stride : 0);
 }
