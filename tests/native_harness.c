@@ -28,7 +28,6 @@ void sentence_attention(const float *q, int64_t q_stride, const float *keys, int
 int64_t top_candidates(const float *lprobs, int64_t sentence_stride, int64_t beam_stride,
                        const float *scores, int64_t sentences, int64_t beams, int64_t vocab,
                        int64_t k, float *values, int64_t *indices, int threads);
-void log_softmax(float *rows, int64_t count, int64_t width, int64_t stride, int threads);
 
 static uint64_t state = 12345;
 
@@ -124,6 +123,8 @@ static void check_candidates(int64_t sentences, int64_t beams, int64_t vocab)
     emit(indices, sentences * k * sizeof(int64_t));
     free(lprobs), free(scores), free(values), free(indices);
 }
+
+void log_softmax(float *rows, int64_t count, int64_t width, int64_t stride, int threads);
 
 /* widths off the 16-float vectors, masked words, exps below the float range */
 static void check_log_softmax(int64_t rows, int64_t width)
