@@ -127,6 +127,19 @@ static void check_candidates(int64_t sentences, int64_t beams, int64_t vocab)
     free(lprobs), free(scores), free(values), free(indices), free(unsure_rows);
 }
 
+void log_softmax(float *rows, int64_t count, int64_t width, int64_t stride, int threads);
+
+/* widths off the 16-float vectors, masked words, exps below the float range */
+static void check_log_softmax(int64_t rows, int64_t width)
+{
+    float *x = filled(rows * width);
+    for (int64_t i = 0; i < rows * width; i++)
+        x[i] = i % 7 == 3 ? -INFINITY : 60.0f * x[i];
+    log_softmax(x, rows, width, width, 1);
+    emit(x, rows * width * sizeof(float));
+    free(x);
+}
+
 int main(void)
 {
     const int64_t shapes[][2] = {{256, 256}, {1032, 256}, {37, 101}, {64, 1024}};
@@ -138,5 +151,8 @@ int main(void)
     check_sentence_attention(3, 5, 256, 48);
     check_sentence_attention(2, 13, 40, 37);
     check_candidates(3, 5, 3992);
+    check_log_softmax(5, 3992);
+    check_log_softmax(7, 37);
+    check_log_softmax(3, 3);
     return 0;
 }

@@ -31,7 +31,8 @@ CC = os.environ.get("CC", "cc")
 CROSS = "aarch64-linux-gnu-gcc"  # Debian's gcc-aarch64-linux-gnu (make test installs it)
 QEMU = "qemu-aarch64"  # Debian's qemu-user
 HARNESS = Path(__file__).with_name("native_harness.c")
-KERNELS = ["products", "attention", "candidates"]  # the float kernels the harness runs
+# the float kernels the harness runs
+KERNELS = ["products", "attention", "candidates", "log_softmax"]
 needs_compiler = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler here")
 needs_cross = pytest.mark.skipif(
     shutil.which(CROSS) is None or shutil.which(QEMU) is None,

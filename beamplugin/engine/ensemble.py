@@ -25,6 +25,7 @@ import torch
 from fairseq.models import FairseqIncrementalDecoder
 from torch import Tensor, nn
 
+from beamplugin.kernels import log_probs
 from beamplugin.models.mixed_step_transformer import mixed_step_view
 from beamplugin.modules.output_columns import OutputColumns
 from beamplugin.runtime.host_transfer import to_device
@@ -279,9 +280,9 @@ def search_log_probs(
     ``computed`` the columns itself (ours, whose log-softmax is fairseq's plain one) are
     normalised over each row's columns alone (:meth:`OutputColumns.log_softmax`: a 256k
     vocabulary is not read again); the others' are restricted before the model's log-softmax.
-    Our models' float32 logits (``plain_softmax``) are the step's own: normalised where they lie,
-    the same bits (a 256k vocabulary's log-probs of 64 sentences are 328 MB, not held twice nor
-    mapped afresh each step)."""
+    Our models' float32 logits (``plain_softmax``) are the step's own: normalised where they lie
+    (a 256k vocabulary's log-probs of 64 sentences are 328 MB, not held twice nor mapped afresh
+    each step), by our kernel where it is faster than torch's (beamplugin.kernels.log_probs)."""
     if logits.size(1) > 1:
         logits = logits[:, -1:, :]
     if computed:
@@ -295,7 +296,9 @@ def search_log_probs(
     ):
         if temperature != 1.0:
             logits.div_(temperature)
-        return torch.log_softmax(logits, -1, out=logits).squeeze(1)
+        if not log_probs.log_softmax_(logits):
+            torch.log_softmax(logits, -1, out=logits)
+        return logits.squeeze(1)
     logits = logits.float()
     if columns is not None:
         logits = columns.restrict(logits)

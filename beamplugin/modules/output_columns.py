@@ -17,6 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from beamplugin.kernels import log_probs
+
 # The log-softmax's rows are at least this wide: torch's takes rows narrower than one vector (16
 # floats on AVX-512) another way, so a short shortlist alone would not get its bits in a batch.
 MIN_WIDTH = 64
@@ -60,13 +62,16 @@ class OutputColumns(NamedTuple):
         sentence's columns alone, -inf elsewhere. Each row's own logits are gathered in token
         order to the front of a row as long as the longest shortlist, so its sum runs over the
         same values in the same lanes whoever shares the step (trailing -inf adds exact zeros;
-        tests/test_vocabulary_map.py checks it), and a shortlist of every token gives
-        ``log_softmax`` of the whole row. The result is overwritten by the next call."""
+        tests/test_vocabulary_map.py checks it), and a shortlist of every token gives the
+        whole row's log-probs (the kernel the model's vocabulary takes:
+        beamplugin.kernels.log_probs). The result is overwritten by the next call."""
         own = self.own_at if logits.size(1) == self.columns.numel() else self.own
         gathered = logits.gather(1, own).float().masked_fill_(~self.own_valid, -math.inf)
         if temperature != 1.0:
             gathered = gathered / temperature
-        return self._write_own("log_probs", torch.log_softmax(gathered, 1), vocab)
+        if not log_probs.log_softmax_(gathered, vocab):
+            gathered = torch.log_softmax(gathered, 1)
+        return self._write_own("log_probs", gathered, vocab)
 
     def restrict(self, logits: Tensor) -> Tensor:
         """Logits of the whole vocabulary (``[rows, vocab]``, or ``[rows, 1, vocab]``) with

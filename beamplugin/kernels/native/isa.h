@@ -35,6 +35,10 @@
 
 #define PARTS (16 / LANES)
 
+/* 1.5 x 2^23 + 127: a float x (|x| < 2^22) plus this rounds to an integer n + POW2_BIAS, a
+ * float whose low mantissa bits are n + 127 (vf_pow2_biased's 2^n) */
+#define POW2_BIAS 12583039.0f
+
 typedef struct {
     vf part[PARTS];
 } v16;

@@ -22,6 +22,15 @@ static inline vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); } /* a b + c */
 
+/* a > b ? a : b, each lane (b where either is NaN) */
+static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+/* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
+ * n + 127 is t's low mantissa bits, moved into the exponent */
+static inline vf vf_pow2_biased(vf t)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23));
+}
+
 /* whether any lane is >= least or NaN */
 static inline int vf_any_not_below(vf v, float least)
 {

@@ -21,6 +21,15 @@ static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /* a b + c */
 
+/* a > b ? a : b, each lane (b where either is NaN) */
+static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+/* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
+ * n + 127 is t's low mantissa bits, moved into the exponent */
+static inline vf vf_pow2_biased(vf t)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(t), 23));
+}
+
 /* whether any lane is >= least or NaN */
 static inline int vf_any_not_below(vf v, float least)
 {

@@ -22,6 +22,25 @@ static inline vf vf_sub(vf a, vf b) { return a - b; }
 static inline vf vf_mul(vf a, vf b) { return a * b; }
 static inline vf vf_fma(vf a, vf b, vf c) { return a * b + c; }
 
+/* a > b ? a : b, each lane (b where either is NaN) */
+static inline vf vf_max(vf a, vf b)
+{
+    for (int i = 0; i < LANES; i++)
+        a[i] = a[i] > b[i] ? a[i] : b[i];
+    return a;
+}
+/* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
+ * n + 127 is t's low mantissa bits, moved into the exponent */
+static inline vf vf_pow2_biased(vf t)
+{
+    unsigned bits[LANES];
+    memcpy(bits, &t, sizeof t);
+    for (int i = 0; i < LANES; i++)
+        bits[i] <<= 23;
+    memcpy(&t, bits, sizeof t);
+    return t;
+}
+
 /* whether any lane is >= least or NaN */
 static inline int vf_any_not_below(vf v, float least)
 {

@@ -21,6 +21,15 @@ static inline vf vf_sub(vf a, vf b) { return vsubq_f32(a, b); }
 static inline vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
 static inline vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); } /* a b + c, fused */
 
+/* a > b ? a : b, each lane (b where either is NaN: not fmax's NaN) */
+static inline vf vf_max(vf a, vf b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
+/* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
+ * n + 127 is t's low mantissa bits, moved into the exponent */
+static inline vf vf_pow2_biased(vf t)
+{
+    return vreinterpretq_f32_s32(vshlq_n_s32(vreinterpretq_s32_f32(t), 23));
+}
+
 /* whether any lane is >= least or NaN (a NaN lane is not below: !(v < least)) */
 static inline int vf_any_not_below(vf v, float least)
 {
