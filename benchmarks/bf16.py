@@ -6,10 +6,11 @@ heads, 8k words, shared output embedding: configs/transformer.conf), a base tran
 words), each decoded by our generator (beam 5) in float32, with ``--bf16`` and with ``--int8``
 (beamplugin.fairseq_plugin.precision.cast_for_decoding: its load-time trial included, so where
 bfloat16 loses it decodes in float32 and shows x1.00). Every hypothesis is decoded to the same
-length (min_len = max_len), so that each precision does the same work. Interleaved rounds; the
-fastest round of each system is kept (other work on a shared machine only adds time). With one
-thread every time is the process's CPU time, which a loaded machine's preemptions leave out
-(wall time otherwise).
+length (min_len = max_len), so that each precision does the same work. Interleaved rounds: a
+system's speed is its fastest round (other work on a shared machine only adds time), its ratio
+to float32 the median of each round's own ratio (the two decoded seconds apart, so the
+machine's drift over a run cancels). With one thread every time is the process's CPU time,
+which a loaded machine's preemptions leave out (wall time otherwise).
 
 Kernels: our float32 rows on bfloat16 weights (beamplugin.kernels.float_products.Bf16Weights)
 against our float32 product and oneDNN's bfloat16 matmul (torch's, on its packed weight,
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -200,7 +202,7 @@ def decode_rows(names: list[str], sizes: list[int], repeats: int) -> list[dict]:
         for batch in sizes:
             sentences = batch * 2 if batch > 1 else 8
             work = batches(d, sentences, batch, seed=2)
-            best: dict[str, float] = {}
+            times: dict[str, list[float]] = {p: [] for p in generators}
             with torch.inference_mode():
                 for generator in generators.values():
                     generator.generate(None, work[0])  # warm: packing, first allocations
@@ -209,12 +211,15 @@ def decode_rows(names: list[str], sizes: list[int], repeats: int) -> list[dict]:
                         start = clock()
                         for sample in work:
                             generator.generate(None, sample)
-                        seconds = clock() - start
-                        best[precision] = min(best.get(precision, seconds), seconds)
-            speeds = {p: sentences / s for p, s in best.items()}
-            rows.append(dict(model=name, batch=batch, speeds=speeds))
+                        times[precision].append(clock() - start)
+            speeds = {p: sentences / min(t) for p, t in times.items()}
+            # each round's own ratio, its precisions seconds apart: the machine's drift over a
+            # run (other work on a shared one) moved the fastest rounds' ratio by up to 0.1
+            ratios = {p: statistics.median(f / o for f, o in zip(times["float32"], t, strict=True))
+                      for p, t in times.items()}  # fmt: skip
+            rows.append(dict(model=name, batch=batch, speeds=speeds, ratios=ratios))
             print(f"# {name}, batch {batch}: " + ", ".join(
-                f"{p} {v:.1f} sent/s (x{v / speeds['float32']:.2f})" for p, v in speeds.items()
+                f"{p} {v:.1f} sent/s (x{ratios[p]:.2f})" for p, v in speeds.items()
             ), file=sys.stderr, flush=True)  # fmt: skip
     return rows
 
@@ -256,11 +261,10 @@ def records(kernels: list[dict], decodes: list[dict], args: Namespace) -> list[d
         slug = d["model"].split()[0] + "-" + d["model"].split()[1]
         row = f"bf16-{slug}-b{d['batch']}"
         what = f"{d['model']} (random weights), beam 5, batch {d['batch']}"
-        base = d["speeds"]["float32"]
         for precision, speed in d["speeds"].items():
             ratio = None
             if precision != "float32":
-                ratio = {"against": "ours", "value": round(speed / base, 2)}
+                ratio = {"against": "ours", "value": round(d["ratios"][precision], 2)}
             # the README's names: "ours" (float32), "ours int8", and so "ours bf16"
             system = "ours" if precision == "float32" else f"ours {precision}"
             out.append(record(table, row, what, system, model=d["model"],
@@ -312,9 +316,8 @@ def main() -> None:
         decodes = decode_rows(args.models, args.batch_sizes, args.repeats)
         print(f"{'model':<26}{'batch':>6}" + "".join(f"{p:>16}" for p in PRECISIONS))
         for d in decodes:
-            base = d["speeds"]["float32"]
             cells = "".join(
-                f"{d['speeds'][p]:8.1f} (x{d['speeds'][p] / base:.2f})" if p in d["speeds"]
+                f"{d['speeds'][p]:8.1f} (x{d['ratios'][p]:.2f})" if p in d["speeds"]
                 else f"{'-':>16}" for p in PRECISIONS
             )  # fmt: skip
             print(f"{d['model']:<26}{d['batch']:>6}{cells}")
