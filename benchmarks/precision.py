@@ -54,6 +54,9 @@ from benchmarks.common import cpu_description
 from benchmarks.in_process import run
 from benchmarks.models import benchmark_models, checkpoint_batches, prepare, random_batches
 
+# the results files' names of the systems: float32 is "ours", as in every other table
+SYSTEMS = {"fairseq fp32": "fairseq", "ours fp32": "ours"}
+
 
 def parse_args() -> Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -184,7 +187,7 @@ def quality(systems: dict, task, args: Namespace) -> list[dict]:
             table=common.table_name(), row="precision-quality",
             what=f"our convs2s in reduced precisions: all {len(references)} sentences of "
                  f"{args.gen_subset}, batch 64, BLEU and best hypotheses equal to our float32's",
-            system="ours" if name == "ours fp32" else name, model=args.path,
+            system=SYSTEMS.get(name, name), model=args.path,
             precision=name.split()[-1], batch=64, bleu=bleu.score, chrf=chrf.score,
             same_as_float32=same or None, command=common.command_line(),
             **common.machine(threads=args.threads),
@@ -251,11 +254,10 @@ def main() -> None:
             records.append(common.record(
                 table=common.table_name(), row=f"precision-b{batch_size}",
                 what=f"our convs2s in reduced precisions ({source})",
-                system="fairseq" if name == "fairseq fp32" else name, model=source,
+                system=SYSTEMS.get(name, name), model=source,
                 precision=name.split()[-1], batch=batch_size,
                 sentences_per_s=sentences / median[name],
-                ratio=None if name == "fairseq fp32" else {"against": "ours fp32",
-                                                           "value": against_ours},
+                ratio=None if name in SYSTEMS else {"against": "ours", "value": against_ours},
                 same_as_ours_fp32=f"{equal}/{sentences}", command=common.command_line(),
                 **common.machine(threads=args.threads),
             ))  # fmt: skip
