@@ -1,7 +1,7 @@
 """Large buffers lent out again and again in a decoding process, instead of allocated anew.
 
-Blocks above glibc's mmap threshold (32 MB at most: runtime/heap.py) are fresh mappings whose
-pages fault in on first touch, every time: the self-attention history of a transformer at 64
+Large buffers are mappings of their own (runtime/pages.py: zeros), whose pages fault in on
+first touch, every time: the self-attention history of a transformer at 64
 sentences x beam 5 is 31-94 MB, and filling a fresh one took 45 ms and more on the machine we
 measured, more than a whole decoder step (docs/memory.md). A pool lends such buffers through a
 :class:`Lease`, which gives them back when its borrower drops it (a decoder's incremental state

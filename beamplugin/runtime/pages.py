@@ -31,7 +31,7 @@ from torch import Tensor
 MADV_RANDOM = 1  # mman-linux.h
 MADV_DONTNEED = 4
 MADV_PAGEOUT = 21  # Linux >= 5.4
-# buffers from this size on are mappings of their own (glibc maps them too, from 32 MB at most)
+# buffers from this size on are mappings of their own (zeros that take memory where written)
 MAPPED_FROM_BYTES = 1 << 20
 
 
