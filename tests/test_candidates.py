@@ -196,3 +196,45 @@ def test_each_instruction_sets_build_finds_torchs_candidates(isa):
         assert unsure == 0 and not unsure_rows.any(), (sentences, beams, vocab)
         want_values, want_indices = expected(lprobs, scores, k)
         assert torch.equal(values, want_values) and torch.equal(indices, want_indices)
+
+
+def test_at_a_sentences_last_step_its_dead_candidates_are_left_to_no_one(monkeypatch):
+    """At the maximum length only EOS lives: the dead candidates (score -inf) that fill the
+    last places may be any (they never finish, and nothing follows), so a sentence at its last
+    step is not handed to torch.topk for them; its live candidates and its step are torch's.
+    Before the last step the same sentences keep torch's order, dead ones included."""
+    from beamplugin.search.beam_step import beam_step
+
+    g = torch.Generator().manual_seed(5)
+    lprobs = torch.randn(6, 5, 3992, generator=g).log_softmax(-1)
+    lprobs[::2] = -math.inf  # at their maximum length: every word but EOS dead
+    lprobs[::2, :, 2] = torch.randn(3, 5, generator=g).log_softmax(-1)
+    scores = torch.randn(6, 5, generator=g)
+    last = torch.tensor([True, False] * 3)
+    with monkeypatch.context() as patch:
+        patch.setattr(candidates, "serves", lambda lprobs: False)
+        theirs = beam_step(lprobs, scores, 5, eos=2)
+    before = beam_step(lprobs, scores, 5, eos=2)  # no last step: torch's order for all
+    for field in before._fields[:-1]:
+        assert torch.equal(getattr(before, field), getattr(theirs, field)), field
+    ranked = []
+    torch_ranks = candidates.torch_top_candidates
+    monkeypatch.setattr(
+        candidates, "torch_top_candidates", lambda *args: ranked.append(args) or torch_ranks(*args)
+    )
+    ours = beam_step(lprobs, scores, 5, eos=2, last_step=last)
+    assert ranked == []  # the other sentences have no ties: nothing for torch to order
+    live = theirs.cand_scores.isfinite()
+    assert live.sum(1).tolist() == [5, 10] * 3
+    for field in ("cand_scores", "cand_tokens", "cand_beams"):
+        mine, want = getattr(ours, field), getattr(theirs, field)
+        assert torch.equal(mine[live], want[live]), field
+    assert torch.equal(ours.cand_scores, theirs.cand_scores)  # the dead ones -inf too
+    assert bool((ours.cand_beams < 5).all() and (ours.cand_tokens < 3992).all())
+    assert torch.equal(ours.finalize, theirs.finalize) and bool(ours.finalize[::2].all())
+    for field in ("alive_beams", "alive_tokens", "alive_scores"):  # the others', as torch's
+        assert torch.equal(getattr(ours, field)[1::2], getattr(theirs, field)[1::2]), field
+    assert bool(ours.alive_scores[::2].eq(-math.inf).all())
+    with pytest.raises(ValueError, match="last_step"):
+        beam_step(lprobs, scores, 5, eos=2, last_step=last[:4])
+

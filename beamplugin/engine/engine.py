@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
 from beamplugin.engine.ensemble import EnsembleDecoder
@@ -203,13 +204,19 @@ class DecodingEngine:
             k = candidates_per_row(beam, hypotheses, lprobs.size(1))
             res, states = constrained_step(constrained, k, beam, eos)
         else:
-            res = step_laid_out(lprobs, self.runner.scores, multi, slots.one_row, beam, eos)
+            res = step_laid_out(lprobs, self.runner.scores, multi, slots.one_row, beam, eos,
+                                self._at_max_len())  # fmt: skip
             if not constrained:
                 return res, self.finalizer.status(res, slots), []
             step, states = constrained_step(constrained, res.cand_scores.size(1), beam, eos)
             res = with_rows(res, [c.index for c in constrained], step)
         next_states = [(c.index, own) for c, own in zip(constrained, states, strict=True)]
         return res, self.finalizer.status(res, slots), next_states
+
+    def _at_max_len(self) -> Tensor | None:
+        """Which live sentences take their last step now (None where none does)."""
+        last = [s.step >= s.max_len for s in self.live]
+        return torch.tensor(last) if any(last) else None
 
     def _constrained(self, lprobs: Tensor, multi: int) -> list[ConstrainedSentence]:
         """The live sentences with lexical constraints, as their constrained step reads them

@@ -26,7 +26,7 @@ def _kernel() -> Callable[..., Any] | None:
 @native_library.cached
 def _step_kernel() -> Callable[..., Any] | None:
     argtypes = [POINTER, SIZE, SIZE, POINTER, SIZE, SIZE, SIZE, SIZE, SIZE, SIZE]
-    argtypes += [POINTER] * 8 + [INT]
+    argtypes += [POINTER] * 9 + [INT]
     return native_library.function("candidates", "beam_step", argtypes, SIZE)
 
 
@@ -111,14 +111,17 @@ def top_candidates(lprobs: Tensor, scores: Tensor, k: int) -> tuple[Tensor, Tens
 
 
 def beam_step(
-    lprobs: Tensor, scores: Tensor, k: int, beam_size: int, eos: int
-) -> tuple[tuple[Tensor, ...], Tensor | None]:
+    lprobs: Tensor, scores: Tensor, k: int, beam_size: int, eos: int,
+    last_step: Tensor | None = None,
+) -> tuple[tuple[Tensor, ...], Tensor | None]:  # fmt: skip
     """fairseq's beam step on the ``k`` (>= ``beam_size``) best candidates of :func:`top_candidates`
     in one call: candidate scores, tokens and hypotheses ``[sentences, k]``, which of the first
     ``beam_size`` end in EOS (finalize), and the next beam's hypotheses, tokens and scores
     ``[sentences, beam_size]`` (beamplugin.search.beam_step.BeamStep's fields, in its order);
     and the sentences whose equal scores or NaN leave their order to torch.topk (their rows
-    of the step not made), or None."""
+    of the step not made), or None. In a sentence at its last step (``last_step``, bool
+    ``[sentences]``), equal -inf scores leave nothing to torch: those dead candidates never
+    finish and have no next step, so which fill its last places changes no result."""
     kernel = _step_kernel()
     assert kernel is not None, "check serves() first"
     sentences, beams, vocab = lprobs.shape
@@ -139,10 +142,16 @@ def beam_step(
         torch.empty(beam, dtype=torch.int64),  # its tokens
         lprobs.new_empty(beam),  # its scores
     )
+    if last_step is not None:
+        if last_step.shape != (sentences,) or last_step.dtype != torch.bool:
+            raise ValueError(f"last_step must be bool [{sentences}], not {last_step.dtype} "
+                             f"{tuple(last_step.shape)}")  # fmt: skip
+        last_step = last_step.contiguous()
     unsure_rows = torch.empty(sentences, dtype=torch.bool)
     unsure = kernel(
         lprobs.data_ptr(), lprobs.stride(0), lprobs.stride(1), scores.data_ptr(), sentences,
         beams, vocab, k, beam_size, eos, *[t.data_ptr() for t in outputs],
+        None if last_step is None else last_step.data_ptr(),
         unsure_rows.data_ptr(), threads_for(sentences * beams * vocab // 8),
     )  # fmt: skip
     return outputs, (unsure_rows.nonzero().squeeze(1) if unsure else None)

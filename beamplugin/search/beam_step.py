@@ -41,7 +41,9 @@ def candidates_per_row(beam_size: int, hypotheses: int, vocab: int) -> int:
     return min(2 * beam_size, hypotheses * vocab - 1)
 
 
-def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamStep:
+def beam_step(
+    lprobs: Tensor, scores: Tensor, beam_size: int, eos: int, last_step: Tensor | None = None
+) -> BeamStep:
     """Expand ``in_beam`` hypotheses per sentence by one token.
 
     Args:
@@ -51,11 +53,13 @@ def beam_step(lprobs: Tensor, scores: Tensor, beam_size: int, eos: int) -> BeamS
         scores: ``[bsz, in_beam]`` cumulative scores of the hypotheses so far.
         beam_size: hypotheses kept per sentence.
         eos: end-of-sentence token.
+        last_step: ``[bsz]`` bool, the sentences at their maximum length (None: none), whose
+            dead candidates (score -inf) may be any: nothing follows them.
     """
     bsz, in_beam, vocab = lprobs.shape
     k = candidates_per_row(beam_size, in_beam, vocab)
     if k >= beam_size and candidates.serves(lprobs):  # our kernel, where ties do not decide
-        made, unsure = candidates.beam_step(lprobs, scores, k, beam_size, eos)
+        made, unsure = candidates.beam_step(lprobs, scores, k, beam_size, eos, last_step)
         if unsure is None:
             return BeamStep(*made)
         # equal scores or NaN: those sentences in torch's order, which fairseq's results follow
@@ -147,22 +151,25 @@ def concat_steps(first: BeamStep, second: BeamStep) -> BeamStep:
 
 
 def step_laid_out(
-    lprobs: Tensor, scores: Tensor, multi: int, one_row: int, beam_size: int, eos: int
-) -> BeamStep:
+    lprobs: Tensor, scores: Tensor, multi: int, one_row: int, beam_size: int, eos: int,
+    last_step: Tensor | None = None,
+) -> BeamStep:  # fmt: skip
     """The beam step of sentences laid out sentence-major: first ``multi`` sentences with
     ``beam_size`` rows each (``scores`` ``[multi, hypotheses]``: at a batch's first step one
     hypothesis each, read from their first row), then ``one_row`` sentences with one row each
-    (their first step, score 0)."""
+    (their first step, score 0); ``last_step`` as :func:`beam_step`'s, of them all."""
     steps = []
     if multi:
         rows = lprobs if not one_row else lprobs[: multi * beam_size]
         rows = rows.view(multi, beam_size, -1)
         if scores.size(1) < beam_size:  # a batch's first step: one hypothesis each
             rows = rows[:, : scores.size(1)]
-        steps.append(beam_step(rows, scores, beam_size, eos))
+        last = None if last_step is None else last_step[:multi]
+        steps.append(beam_step(rows, scores, beam_size, eos, last))
     if one_row:
         first = lprobs[multi * beam_size :].unsqueeze(1)
-        steps.append(beam_step(first, first.new_zeros(one_row, 1), beam_size, eos))
+        last = None if last_step is None else last_step[multi:]
+        steps.append(beam_step(first, first.new_zeros(one_row, 1), beam_size, eos, last))
     return steps[0] if len(steps) == 1 else concat_steps(*steps)
 
 
