@@ -6,9 +6,9 @@
  *
  * Every (row, head) is computed alone, in the same order whatever the rows beside it, the width
  * of the buffers, the columns masked (-inf in the bias: skipped, as they weigh exactly 0) or the
- * thread: a row gets the same bits alone or batched. exp is Cephes' expf polynomial (within 2
- * ulp; torch's own differs from libm's as much). Vectors are the instruction set's (isa.h), their
- * sums in its fixed order: the same bits on every set that fuses multiply-adds.
+ * thread: a row gets the same bits alone or batched. exp is isa.h's, as the log-softmax's.
+ * Vectors are the instruction set's (isa.h), their sums in its fixed order: the same bits on
+ * every set that fuses multiply-adds.
  */
 #include <math.h>
 #include <stdint.h>
@@ -16,40 +16,28 @@
 
 #include "isa.h"
 
-/* exp(x) for x <= 0, 0 below -87.3 (-inf included) */
-static inline float exp_nonpositive(float x)
-{
-    const float low = -87.33654f;
-    float clamped = x < low ? low : x;
-    float n = __builtin_rintf(clamped * 1.44269504088896341f);
-    float r = fma1(-n, 0.693359375f, clamped);
-    r = fma1(-n, -2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fma1(p, r, 1.3981999507e-3f);
-    p = fma1(p, r, 8.3334519073e-3f);
-    p = fma1(p, r, 4.1665795894e-2f);
-    p = fma1(p, r, 1.6666665459e-1f);
-    p = fma1(p, r, 5.0000001201e-1f);
-    p = fma1(p * r, r, r) + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x < low ? 0.0f : p * scale;
-}
-
-/* scores (-inf where masked) to probabilities, in place */
+/* scores (-inf where masked) to probabilities, in place: 16 at a time, the last width % 16 as
+ * a vector padded with -inf (an exp of exactly 0) */
 static void softmax(float *s, int64_t width)
 {
     float most = -INFINITY;
     for (int64_t j = 0; j < width; j++)
         most = s[j] > most ? s[j] : most;
-    for (int64_t j = 0; j < width; j++) /* apart from the sum: this loop vectorizes */
-        s[j] = exp_nonpositive(s[j] - most);
+    int64_t j = 0;
+    for (; j + 16 <= width; j += 16)
+        store16(s + j, exp_minus16(load16(s + j), most));
+    if (j < width) {
+        float tail[16];
+        for (int i = 0; i < 16; i++)
+            tail[i] = j + i < width ? s[j + i] : -INFINITY;
+        store16(tail, exp_minus16(load16(tail), most));
+        memcpy(s + j, tail, (size_t)(width - j) * sizeof *s);
+    }
     float sum = 0.0f;
-    for (int64_t j = 0; j < width; j++)
+    for (j = 0; j < width; j++)
         sum += s[j];
     float inverse = 1.0f / sum;
-    for (int64_t j = 0; j < width; j++)
+    for (j = 0; j < width; j++)
         s[j] *= inverse;
 }
 

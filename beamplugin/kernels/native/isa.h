@@ -90,6 +90,38 @@ static inline v16 minus16(v16 a, float s)
     return a;
 }
 
+/* exp's lower clamp: from about -87.7 down (expf's subnormal results, and -inf) its 2^n is
+ * 2^-127, whose exponent bits are 0: an exp of exactly 0 */
+#define EXP_LOWEST -88.0f
+
+/* exp(x) for x <= 0 (NaN stays NaN): Cephes' expf polynomial (within 2 ulp; torch's Sleef exp
+ * differs from it as much), its 2^n put in the exponent bits */
+static inline vf vf_exp_nonpositive(vf x)
+{
+    vf clamped = vf_max(vf_set1(EXP_LOWEST), x); /* x where NaN */
+    vf biased = vf_fma(clamped, vf_set1(1.44269504088896341f), vf_set1(POW2_BIAS));
+    vf n = vf_sub(biased, vf_set1(POW2_BIAS));
+    vf r = vf_fma(n, vf_set1(-0.693359375f), clamped); /* ln 2 in two parts: r exact */
+    r = vf_fma(n, vf_set1(2.12194440e-4f), r);
+    vf p = vf_set1(1.9875691500e-4f);
+    p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
+    p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
+    p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
+    p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
+    p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
+    p = vf_add(vf_fma(vf_mul(p, r), r, r), vf_set1(1.0f));
+    return vf_mul(p, vf_pow2_biased(biased));
+}
+
+/* exp(x - most), each lane (x <= most, softmax's terms) */
+static inline v16 exp_minus16(v16 x, float most)
+{
+    x = minus16(x, most);
+    for (int i = 0; i < PARTS; i++)
+        x.part[i] = vf_exp_nonpositive(x.part[i]);
+    return x;
+}
+
 /* a b + c, one rounding each lane (two on generic x86-64) */
 static inline v16 fma16(v16 a, v16 b, v16 c)
 {

@@ -5,8 +5,7 @@
  * One pass for the max, one for the sum of exps (the next row fetched meanwhile), one to write:
  * 16 floats at a time, the row's last width % 16 as a vector padded with -inf (an exp of
  * exactly 0), so a row of 1 or 3 columns takes the same path, and a row padded with -inf keeps
- * its bits. exp is Cephes' expf polynomial on the set's vectors (within 2 ulp; torch's Sleef exp
- * differs from it as much), its 2^n put in the exponent bits. The sum runs in 4 x 16 lanes,
+ * its bits. exp is isa.h's, on the set's vectors. The sum runs in 4 x 16 lanes,
  * folded in a fixed order (isa.h's lanes_sum): a row gets the same bits alone or batched, on any
  * thread, and on every set that fuses multiply-adds. log(sum) in double, rounded once: the same
  * float on every C library.
@@ -16,42 +15,11 @@
 
 #include "isa.h"
 
-/* exp's lower clamp: from about -87.7 down (expf's subnormal results, and -inf) its 2^n is
- * 2^-127, whose exponent bits are 0: an exp of exactly 0 */
-#define EXP_LOWEST -88.0f
-
-/* exp(x) for x <= 0 (NaN stays NaN) */
-static inline vf exp_nonpositive(vf x)
-{
-    vf clamped = vf_max(vf_set1(EXP_LOWEST), x); /* x where NaN */
-    vf biased = vf_fma(clamped, vf_set1(1.44269504088896341f), vf_set1(POW2_BIAS));
-    vf n = vf_sub(biased, vf_set1(POW2_BIAS));
-    vf r = vf_fma(n, vf_set1(-0.693359375f), clamped); /* ln 2 in two parts: r exact */
-    r = vf_fma(n, vf_set1(2.12194440e-4f), r);
-    vf p = vf_set1(1.9875691500e-4f);
-    p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
-    p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
-    p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
-    p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
-    p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
-    p = vf_add(vf_fma(vf_mul(p, r), r, r), vf_set1(1.0f));
-    return vf_mul(p, vf_pow2_biased(biased));
-}
-
 static inline v16 max16(v16 a, v16 b)
 {
     for (int i = 0; i < PARTS; i++)
         a.part[i] = vf_max(a.part[i], b.part[i]);
     return a;
-}
-
-/* the sum's terms: exp(x - most), each lane */
-static inline v16 exp16(v16 x, float most)
-{
-    x = minus16(x, most);
-    for (int i = 0; i < PARTS; i++)
-        x.part[i] = exp_nonpositive(x.part[i]);
-    return x;
 }
 
 /* x: the row; next: the row after it (NULL: none), fetched into L2 during this row's exps, where
@@ -84,18 +52,18 @@ static void log_softmax_row(float *x, int64_t width, const float *next)
         if (next)
             for (int line = 0; line < 64; line += 16)
                 __builtin_prefetch(next + j + line, 0, 2);
-        sum0 = add16(sum0, exp16(load16(x + j), most));
-        sum1 = add16(sum1, exp16(load16(x + j + 16), most));
-        sum2 = add16(sum2, exp16(load16(x + j + 32), most));
-        sum3 = add16(sum3, exp16(load16(x + j + 48), most));
+        sum0 = add16(sum0, exp_minus16(load16(x + j), most));
+        sum1 = add16(sum1, exp_minus16(load16(x + j + 16), most));
+        sum2 = add16(sum2, exp_minus16(load16(x + j + 32), most));
+        sum3 = add16(sum3, exp_minus16(load16(x + j + 48), most));
     }
     /* block b into sum b % 4 whatever the width: -inf columns after a row add exact zeros, so
      * a row padded with them (a shortlist's, beside a longer one) keeps its bits */
     v16 sums[4] = {sum0, sum1, sum2, sum3};
     int64_t block = j / 16;
     for (; j < full; j += 16, block++)
-        sums[block % 4] = add16(sums[block % 4], exp16(load16(x + j), most));
-    sums[block % 4] = add16(sums[block % 4], exp16(load16(tail), most));
+        sums[block % 4] = add16(sums[block % 4], exp_minus16(load16(x + j), most));
+    sums[block % 4] = add16(sums[block % 4], exp_minus16(load16(tail), most));
     float sum = lanes_sum(add16(add16(sums[0], sums[1]), add16(sums[2], sums[3])));
     float log_sum = (float)log((double)sum);
 
