@@ -21,6 +21,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "bf16_rows.h"
+
 #define NR 32     /* a panel's channels */
 #define TR 16     /* a tile's rows */
 #define TP 16     /* a tile's pairs: 64 bytes of bfloat16 a row */
@@ -56,46 +58,18 @@ static void configure(void)
     _tile_loadconfig(&config);
 }
 
-/* rows x k_len floats (row stride ldx) rounded to bfloat16, `width` bfloat16 a row (a whole
- * number of tiles' pairs), zeros past k_len */
-static void round_rows(const float *x, int64_t ldx, int64_t rows, int64_t k_len, int64_t width,
-                       uint16_t *out)
-{
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * ldx;
-        uint16_t *to = out + r * width;
-        for (int64_t j = 0; j < width; j += 32) {
-            int64_t left = k_len - j;
-            __mmask16 lo = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
-            __mmask16 hi = (__mmask16)(left >= 32 ? 0xFFFF : left <= 16 ? 0
-                                                                         : (1u << (left - 16)) - 1);
-            __m512 a = _mm512_maskz_loadu_ps(lo, row + j), b = _mm512_maskz_loadu_ps(hi, row + j + 16);
-            _mm512_storeu_si512(to + j, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-        }
-    }
-}
-
 /* the sums of `rows` (at most 16) rows of a tile buffer out to y: bias, relu, residual */
 static void finish(const float *sums, int64_t rows, const float *bias, const float *residual,
                    int64_t ldr, float *y, int64_t ldy, int64_t width, int relu)
 {
-    __mmask16 masks[2] = {
-        (__mmask16)(width >= 16 ? 0xFFFF : (1u << width) - 1),
-        (__mmask16)(width >= 32 ? 0xFFFF : width <= 16 ? 0 : (1u << (width - 16)) - 1),
-    };
     for (int c = 0; c < 2; c++) {
-        __mmask16 mask = masks[c];
+        __mmask16 mask = half_mask(width, c);
         if (!mask)
             continue;
         __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
-        for (int64_t i = 0; i < rows; i++) {
-            __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + i * NR + 16 * c), b);
-            if (relu)
-                v = _mm512_max_ps(_mm512_setzero_ps(), v);
-            if (residual)
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + i * ldr + 16 * c));
-            _mm512_mask_storeu_ps(y + i * ldy + 16 * c, mask, v);
-        }
+        for (int64_t i = 0; i < rows; i++)
+            finish16(_mm512_loadu_ps(sums + i * NR + 16 * c), b, mask, relu,
+                     residual ? residual + i * ldr + 16 * c : 0, y + i * ldy + 16 * c);
     }
 }
 

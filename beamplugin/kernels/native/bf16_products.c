@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_rows.h"
+
 #define NR 32
 #define MR 8
 #define WMR 12 /* bf16_weight_products' rows a tile: 24 accumulators of 32 registers */
@@ -37,17 +39,13 @@ static inline __m512 widen(const uint16_t *p, __mmask16 mask)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
 }
 
-static inline __attribute__((always_inline)) void rows_of_panel(
-    int rows, const uint16_t *x, int64_t ldx, int64_t k_len, const uint16_t *panel,
-    const uint16_t *bias, const uint16_t *residual, int64_t ldr, uint16_t *y, int64_t ldy,
-    int64_t width, int relu, int prefetch)
+/* acc[i] (two halves of a panel's 32 outputs) plus the first `pairs` pairs of row i of x
+ * (bfloat16, row stride ldx) times the panel's: each output summed pair after pair in order,
+ * whatever the rows beside it */
+static inline __attribute__((always_inline)) void sum_pairs(
+    int rows, const uint16_t *x, int64_t ldx, int64_t pairs, const uint16_t *panel,
+    __m512 acc[][2], int prefetch)
 {
-    __m512 acc[MR][2];
-    for (int i = 0; i < rows; i++) {
-        acc[i][0] = _mm512_setzero_ps();
-        acc[i][1] = _mm512_setzero_ps();
-    }
-    int64_t pairs = k_len / 2;
     for (int64_t g = 0; g < pairs; g++) {
         const uint16_t *w = panel + g * 64;
         if (prefetch) {
@@ -63,6 +61,20 @@ static inline __attribute__((always_inline)) void rows_of_panel(
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void rows_of_panel(
+    int rows, const uint16_t *x, int64_t ldx, int64_t k_len, const uint16_t *panel,
+    const uint16_t *bias, const uint16_t *residual, int64_t ldr, uint16_t *y, int64_t ldy,
+    int64_t width, int relu, int prefetch)
+{
+    __m512 acc[MR][2];
+    for (int i = 0; i < rows; i++) {
+        acc[i][0] = _mm512_setzero_ps();
+        acc[i][1] = _mm512_setzero_ps();
+    }
+    int64_t pairs = k_len / 2;
+    sum_pairs(rows, x, ldx, pairs, panel, acc, prefetch);
     if (k_len % 2) { /* the last inner position alone: its pair's partner is zero */
         const uint16_t *w = panel + pairs * 64;
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
@@ -73,12 +85,8 @@ static inline __attribute__((always_inline)) void rows_of_panel(
             acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
         }
     }
-    __mmask16 masks[2] = {
-        (__mmask16)(width >= 16 ? 0xFFFF : (1u << width) - 1),
-        (__mmask16)(width >= 32 ? 0xFFFF : width <= 16 ? 0 : (1u << (width - 16)) - 1),
-    };
     for (int c = 0; c < 2; c++) {
-        __mmask16 mask = masks[c];
+        __mmask16 mask = half_mask(width, c);
         if (!mask)
             continue;
         __m512 b = bias ? widen(bias + 16 * c, mask) : _mm512_setzero_ps();
@@ -123,28 +131,6 @@ void bf16_products(const uint16_t *x, int64_t ldx, const uint16_t *panels, const
     }
 }
 
-/* rows x k_len floats (row stride ldx) rounded to bfloat16 pairs, `pairs` pairs a row, zero
- * past k_len (a pair's partner past the end multiplies the panels' zeros) */
-static void round_rows(const float *x, int64_t ldx, int64_t rows, int64_t k_len, int64_t pairs,
-                       uint16_t *out)
-{
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * ldx;
-        uint16_t *to = out + r * 2 * pairs;
-        for (int64_t j = 0; j < 2 * pairs; j += 32) {
-            int64_t left = k_len - j;
-            __mmask16 lo = (__mmask16)(left >= 16 ? 0xFFFF : left <= 0 ? 0 : (1u << left) - 1);
-            __mmask16 hi = (__mmask16)(left >= 32 ? 0xFFFF : left <= 16 ? 0
-                                                                         : (1u << (left - 16)) - 1);
-            __m512 a = _mm512_maskz_loadu_ps(lo, row + j), b = _mm512_maskz_loadu_ps(hi, row + j + 16);
-            __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
-            int64_t count = 2 * pairs - j < 32 ? 2 * pairs - j : 32;
-            _mm512_mask_storeu_epi16(to + j, (__mmask32)(count >= 32 ? 0xFFFFFFFFu
-                                                                     : (1u << count) - 1), both);
-        }
-    }
-}
-
 /* rows (at most WMR) x `width` (at most 32) float32 outputs of a panel, from rows of x already
  * in bfloat16 pairs: each output summed pair after pair in order, whatever the rows beside it */
 static inline __attribute__((always_inline)) void weight_tile(
@@ -165,38 +151,15 @@ static inline __attribute__((always_inline)) void weight_tile(
             __builtin_prefetch(residual + i * ldr + 16, 0, 3);
         }
     }
-    for (int64_t g = 0; g < pairs; g++) {
-        const uint16_t *w = panel + g * 64;
-        if (prefetch) {
-            _mm_prefetch((const char *)(w + PREFETCH_PAIRS * 64), _MM_HINT_T0);
-            _mm_prefetch((const char *)(w + PREFETCH_PAIRS * 64 + 32), _MM_HINT_T0);
-        }
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32);
-        for (int i = 0; i < rows; i++) {
-            int32_t two;
-            memcpy(&two, xb + i * 2 * pairs + 2 * g, sizeof two);
-            __m512bh a = (__m512bh)_mm512_set1_epi32(two);
-            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, w0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
-        }
-    }
-    __mmask16 masks[2] = {
-        (__mmask16)(width >= 16 ? 0xFFFF : (1u << width) - 1),
-        (__mmask16)(width >= 32 ? 0xFFFF : width <= 16 ? 0 : (1u << (width - 16)) - 1),
-    };
+    sum_pairs(rows, xb, 2 * pairs, pairs, panel, acc, prefetch);
     for (int c = 0; c < 2; c++) {
-        __mmask16 mask = masks[c];
+        __mmask16 mask = half_mask(width, c);
         if (!mask)
             continue;
         __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + 16 * c) : _mm512_setzero_ps();
-        for (int i = 0; i < rows; i++) {
-            __m512 v = _mm512_add_ps(acc[i][c], b);
-            if (relu)
-                v = _mm512_max_ps(_mm512_setzero_ps(), v);
-            if (residual)
-                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + i * ldr + 16 * c));
-            _mm512_mask_storeu_ps(y + i * ldy + 16 * c, mask, v);
-        }
+        for (int i = 0; i < rows; i++)
+            finish16(acc[i][c], b, mask, relu, residual ? residual + i * ldr + 16 * c : 0,
+                     y + i * ldy + 16 * c);
     }
 }
 
@@ -240,7 +203,7 @@ int bf16_weight_products(const float *x, int64_t ldx, const uint16_t *panels, co
     uint16_t *xb = malloc((m * 2 * pairs + 32) * sizeof *xb);
     if (!xb)
         return -1;
-    round_rows(x, ldx, m, k_len, pairs, xb);
+    round_rows(x, ldx, m, k_len, 2 * pairs, xb);
     /* a block of rows across every panel, then the next: the outputs a panel writes stay a few
      * rows (a block's) apart in cache, not a whole batch's (a 320-row output projection ran at
      * half the rate of a 64-row one) */
