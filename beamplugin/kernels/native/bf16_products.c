@@ -29,6 +29,7 @@
 #ifndef ROW_BLOCK
 #define ROW_BLOCK 60 /* and its rows a block: 5 tiles */
 #endif
+#define LEAST_BLOCK 24 /* fewer rows than this are not a block of their own: 2 tiles */
 #define PREFETCH_PAIRS 128 /* 16 KB ahead, as the float32 kernel's 128 rows */
 
 int bf16_kernel_available(void) { return 1; }
@@ -207,8 +208,10 @@ int bf16_weight_products(const float *x, int64_t ldx, const uint16_t *panels, co
     /* a block of rows across every panel, then the next: the outputs a panel writes stay a few
      * rows (a block's) apart in cache, not a whole batch's (a 320-row output projection ran at
      * half the rate of a 64-row one) */
-    for (int64_t block = 0; block < m; block += ROW_BLOCK) {
-        int64_t end = m - block < ROW_BLOCK ? m : block + ROW_BLOCK;
+    for (int64_t block = 0, end; block < m; block = end) {
+        /* a few rows left over join the last block: a block of their own would stream every
+         * panel again for them (a 32000x512 product at 64 rows ran 9% slower) */
+        end = m - block < ROW_BLOCK + LEAST_BLOCK ? m : block + ROW_BLOCK;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
         for (int64_t p = 0; p < count; p++) {
             const uint16_t *panel = panels + p * pairs * 64;
