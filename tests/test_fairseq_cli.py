@@ -26,10 +26,16 @@ from beamplugin.kernels import float_products
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    data = binarized_toy_corpus(root)
-    ckpt = root / "ckpt"
+def toy_data(tmp_path_factory) -> Path:
+    """The binarized toy corpus, once for the module: every model here trains on it (and
+    fairseq-preprocess writes the same files each time, from a fixed seed)."""
+    return binarized_toy_corpus(tmp_path_factory.mktemp("cli-data"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, toy_data):
+    data = toy_data
+    ckpt = tmp_path_factory.mktemp("cli") / "ckpt"
     run_tool(
         "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1",
@@ -90,12 +96,11 @@ def test_generate_as_one_stream_prints_what_batch_after_batch_prints(trained, op
 
 
 @pytest.fixture(scope="module")
-def trained_transformer(tmp_path_factory):
+def trained_transformer(tmp_path_factory, toy_data):
     """A small pre-norm fairseq transformer with shared decoder embeddings, trained briefly
     through our task."""
-    root = tmp_path_factory.mktemp("cli-transformer")
-    data = binarized_toy_corpus(root)
-    ckpt = root / "ckpt"
+    data = toy_data
+    ckpt = tmp_path_factory.mktemp("cli-transformer") / "ckpt"
     run_tool(
         "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
@@ -109,16 +114,27 @@ def trained_transformer(tmp_path_factory):
     return data, ckpt / "checkpoint_last.pt"
 
 
+def _transformer_generate(trained_transformer) -> list[str]:
+    data, ckpt = trained_transformer
+    return ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
+            "--beam", "4", "--cpu", "--gen-subset", "test", "--batch-size", "16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def transformer_reference(trained_transformer) -> str:
+    """What fairseq's own generator prints for the transformer's test set: the same for both
+    engines below, so run once."""
+    common = _transformer_generate(trained_transformer)
+    return run_tool(*common, "--task", "translation").stdout
+
+
 @pytest.mark.parametrize("engine", [[], ["--device-engine", "on"]], ids=["engine", "device"])
 def test_generate_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypotheses(
-    trained_transformer, engine
+    trained_transformer, transformer_reference, engine
 ):
-    data, ckpt = trained_transformer
-    common = ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
-              "--beam", "4", "--cpu", "--gen-subset", "test", "--batch-size", "16"]
+    common = _transformer_generate(trained_transformer)
     ours = run_tool(*common, "--task", "beam_translation", *engine)
-    fairseq = run_tool(*common, "--task", "translation")  # fairseq's own generator
-    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(transformer_reference)
     assert sorted(mine) == list(range(N_TEST))
     # fairseq's own batching leaves a few sentences out (our task's batching keeps them all)
     assert len(reference) >= 0.9 * N_TEST
@@ -467,12 +483,11 @@ def test_bad_generation_options_fail_naming_the_option(trained, options, message
     assert "H-" not in out.stdout
 
 
-def test_training_goes_on_after_bleu_validation_with_our_generator(tmp_path):
+def test_training_goes_on_after_bleu_validation_with_our_generator(toy_data, tmp_path):
     """--eval-bleu decodes the valid set with our generator (under inference mode) between
     updates; training must carry on from there, through its backward passes."""
-    data = binarized_toy_corpus(tmp_path)
     out = run_tool(
-        "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "fairseq-train", str(toy_data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1",
         "--max-tokens", "2000", "--max-update", "6", "--save-dir", str(tmp_path / "ckpt"),
         "--cpu", "--no-progress-bar", "--seed", "1", "--eval-bleu",
