@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +17,7 @@ from fairseq_tools import (
     assert_same_lines,
     binarized_toy_corpus,
     lines_by_sentence,
+    run_in_process,
     run_tool,
 )
 from hostile import RunsCode
@@ -23,6 +26,26 @@ from server_tools import Server
 import beamplugin  # noqa: F401  (the safe loader reads the trained checkpoint below)
 from beamplugin.fairseq_plugin.precision import native_on_cpu
 from beamplugin.kernels import float_products
+
+
+def fairseqs_own(tool: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """A reference: fairseq's own generator (``--task translation``) through fairseq-generate or
+    fairseq-interactive (``tool``), run in this process on one torch thread, as run_tool's
+    processes run; ``stdin`` goes in as an --input file. Only the references: each run of our
+    task, what these tests are about, is a process of its own as a user starts it."""
+    argv = list(args)
+    with tempfile.TemporaryDirectory() as folder:
+        if stdin is not None:
+            lines = Path(folder) / "stdin"
+            lines.write_text(stdin)
+            argv += ["--input", str(lines)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            out = run_in_process(tool.removeprefix("fairseq-"), argv)
+        finally:
+            torch.set_num_threads(threads)
+    return subprocess.CompletedProcess([tool, *args], 0, out, "")
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +148,7 @@ def transformer_reference(trained_transformer) -> str:
     """What fairseq's own generator prints for the transformer's test set: the same for both
     engines below, so run once."""
     common = _transformer_generate(trained_transformer)
-    return run_tool(*common, "--task", "translation").stdout
+    return fairseqs_own(*common, "--task", "translation").stdout
 
 
 @pytest.mark.parametrize("engine", [[], ["--device-engine", "on"]], ids=["engine", "device"])
@@ -158,7 +181,7 @@ def test_interactive_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypot
               "en", "--buffer-size", "10", "--batch-size", "3"]  # fmt: skip
     stdin = "\n".join(TRANSFORMER_LINES) + "\n"
     ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
-    fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
+    fairseq = fairseqs_own(*common, "--task", "translation", stdin=stdin)
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
     for sentence_id in reference:
@@ -180,7 +203,7 @@ def test_interactive_with_constraints_prints_fairseqs_hypotheses(trained_transfo
         for line, c in zip(TRANSFORMER_LINES, constraints, strict=True)
     )
     ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
-    fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
+    fairseq = fairseqs_own(*common, "--task", "translation", stdin=stdin)
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
     for sentence_id in reference:
@@ -208,7 +231,7 @@ def test_interactive_refuses_a_line_whose_constraints_cannot_be_met_and_translat
     ours = run_tool(*common, "--task", "beam_translation", stdin="\n".join(lines) + "\n",
                     check=False)  # fmt: skip
     good = [line for index, line in enumerate(lines) if index != 1]
-    fairseq = run_tool(*common, "--task", "translation", stdin="\n".join(good) + "\n")
+    fairseq = fairseqs_own(*common, "--task", "translation", stdin="\n".join(good) + "\n")
     assert ours.returncode == 3, ours.stderr[-2000:]
     assert re.search(r"^E-1\t.*constraints of 7 tokens", ours.stdout, flags=re.M), ours.stdout
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
@@ -260,7 +283,7 @@ def test_generate_with_a_constraints_file_prints_fairseqs_constrained_hypotheses
     sources = (data.parent / "test.de").read_text().splitlines()
     stdin = "".join(f"{s}\t{c}\n" if c else f"{s}\n" for s, c in zip(sources, constraints,
                                                                       strict=True))  # fmt: skip
-    fairseq = run_tool(
+    fairseq = fairseqs_own(
         "fairseq-interactive", str(data), *common, "--task", "translation", "-s", "de", "-t",
         "en", "--buffer-size", "100", stdin=stdin,
     )  # fmt: skip
