@@ -1,5 +1,7 @@
 """Running fairseq's command-line tools from tests, on a toy corpus the tests write."""
 
+import contextlib
+import io
 import os
 import random
 import re
@@ -26,6 +28,23 @@ def run_tool(tool: str, *args: str, stdin: str | None = None, check: bool = True
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
+
+
+def run_in_process(tool: str, argv: list[str]) -> str:
+    """fairseq-generate or fairseq-interactive (``tool``) with ``argv`` in this process: what
+    it prints on stdout (a process of its own would spend seconds importing torch and
+    fairseq)."""
+    from fairseq import options
+    from fairseq_cli import generate, interactive
+
+    parser = (options.get_generation_parser() if tool == "generate"
+              else options.get_interactive_generation_parser())  # fmt: skip
+    # no data loader process: once one has run here, ending the next takes seconds
+    args = options.parse_args_and_arch(parser, [*argv, "--num-workers", "0"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        (generate if tool == "generate" else interactive).main(args)
+    return out.getvalue()
 
 
 def binarized_toy_corpus(root: Path) -> Path:

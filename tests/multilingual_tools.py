@@ -1,18 +1,13 @@
 """A tiny multilingual model of fairseq's task ``translation_multi_simple_epoch`` for tests: three
 toy languages (de, en, fr: words ``de0 ... de11``, ...; a sentence's translation is its words in
 the other language), four pairs, one dictionary, a 2+2-layer transformer trained for a few
-seconds with M2M-100's language tokens (through task beam_translation_multi); and fairseq's
-command-line tools run in this process (each one would spend seconds importing torch and
-fairseq)."""
+seconds with M2M-100's language tokens (through task beam_translation_multi)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 from pathlib import Path
 
-from fairseq import options
 from fairseq.data import Dictionary, indexed_dataset
 from fairseq_tools import run_tool
 
@@ -92,18 +87,3 @@ def trained_model(root: Path) -> tuple[Path, Path]:
         "--num-workers", "0",
     )  # fmt: skip
     return data, root / "ckpt" / "checkpoint_last.pt"
-
-
-def run_in_process(tool: str, argv: list[str]) -> str:
-    """fairseq-generate or fairseq-interactive (``tool``) with ``argv`` in this process: what
-    it prints on stdout."""
-    from fairseq_cli import generate, interactive
-
-    parser = (options.get_generation_parser() if tool == "generate"
-              else options.get_interactive_generation_parser())  # fmt: skip
-    # no data loader process: once one has run here, ending the next takes seconds
-    args = options.parse_args_and_arch(parser, [*argv, "--num-workers", "0"])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        (generate if tool == "generate" else interactive).main(args)
-    return out.getvalue()

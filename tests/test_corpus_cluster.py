@@ -35,19 +35,26 @@ GLOSSARY = {"dort hund": "bird", "kleine mann": "cat"}
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """The cluster; the drivers (subprocesses) and this process take 127.0.0.1 as this node's
-    address. Shut down whatever happens to the tests."""
+def ray_cluster():
+    """The cluster's head; the drivers (subprocesses) and this process take 127.0.0.1 as this
+    node's address. Shut down whatever happens to the tests."""
     os.environ.setdefault(*RAY_LOOPBACK)
     cluster = Cluster(shutdown_at_exit=True)
     try:
         cluster.add_node(num_cpus=0, include_dashboard=False, _system_config=HEALTH_CHECKS,
                          **NODE)  # fmt: skip
-        for _ in range(2):
-            cluster.add_node(num_cpus=1, **NODE)
         yield cluster
     finally:
         cluster.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    """The cluster with its two worker nodes, whatever an earlier test removed (a node is
+    started only for a test that needs it, not after the last one)."""
+    while len(ray_cluster.worker_nodes) < 2:
+        ray_cluster.add_node(num_cpus=1, **NODE)
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +141,6 @@ def test_a_worker_node_removed_mid_run_the_job_completes_with_each_line_once(
         if driver.poll() is None:
             driver.kill()
             driver.wait()
-        cluster.add_node(num_cpus=1, **NODE)  # as the other tests found it
     assert driver.returncode == 3, stderr[-3000:]
     assert len(rows) < 40 and len({row["worker"] for row in rows}) == 2  # mid-run, both busy
     assert "a Ray worker died" in stderr, stderr[-3000:]

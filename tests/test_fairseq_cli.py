@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -15,6 +17,7 @@ from fairseq_tools import (
     assert_same_lines,
     binarized_toy_corpus,
     lines_by_sentence,
+    run_in_process,
     run_tool,
 )
 from hostile import RunsCode
@@ -25,11 +28,37 @@ from beamplugin.fairseq_plugin.precision import native_on_cpu
 from beamplugin.kernels import float_products
 
 
+def fairseqs_own(tool: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """A reference: fairseq's own generator (``--task translation``) through fairseq-generate or
+    fairseq-interactive (``tool``), run in this process on one torch thread, as run_tool's
+    processes run; ``stdin`` goes in as an --input file. Only the references: each run of our
+    task, what these tests are about, is a process of its own as a user starts it."""
+    argv = list(args)
+    with tempfile.TemporaryDirectory() as folder:
+        if stdin is not None:
+            lines = Path(folder) / "stdin"
+            lines.write_text(stdin)
+            argv += ["--input", str(lines)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            out = run_in_process(tool.removeprefix("fairseq-"), argv)
+        finally:
+            torch.set_num_threads(threads)
+    return subprocess.CompletedProcess([tool, *args], 0, out, "")
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli")
-    data = binarized_toy_corpus(root)
-    ckpt = root / "ckpt"
+def toy_data(tmp_path_factory) -> Path:
+    """The binarized toy corpus, once for the module: every model here trains on it (and
+    fairseq-preprocess writes the same files each time, from a fixed seed)."""
+    return binarized_toy_corpus(tmp_path_factory.mktemp("cli-data"))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, toy_data):
+    data = toy_data
+    ckpt = tmp_path_factory.mktemp("cli") / "ckpt"
     run_tool(
         "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1",
@@ -90,12 +119,11 @@ def test_generate_as_one_stream_prints_what_batch_after_batch_prints(trained, op
 
 
 @pytest.fixture(scope="module")
-def trained_transformer(tmp_path_factory):
+def trained_transformer(tmp_path_factory, toy_data):
     """A small pre-norm fairseq transformer with shared decoder embeddings, trained briefly
     through our task."""
-    root = tmp_path_factory.mktemp("cli-transformer")
-    data = binarized_toy_corpus(root)
-    ckpt = root / "ckpt"
+    data = toy_data
+    ckpt = tmp_path_factory.mktemp("cli-transformer") / "ckpt"
     run_tool(
         "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
@@ -109,16 +137,27 @@ def trained_transformer(tmp_path_factory):
     return data, ckpt / "checkpoint_last.pt"
 
 
+def _transformer_generate(trained_transformer) -> list[str]:
+    data, ckpt = trained_transformer
+    return ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
+            "--beam", "4", "--cpu", "--gen-subset", "test", "--batch-size", "16"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def transformer_reference(trained_transformer) -> str:
+    """What fairseq's own generator prints for the transformer's test set: the same for both
+    engines below, so run once."""
+    common = _transformer_generate(trained_transformer)
+    return fairseqs_own(*common, "--task", "translation").stdout
+
+
 @pytest.mark.parametrize("engine", [[], ["--device-engine", "on"]], ids=["engine", "device"])
 def test_generate_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypotheses(
-    trained_transformer, engine
+    trained_transformer, transformer_reference, engine
 ):
-    data, ckpt = trained_transformer
-    common = ["fairseq-generate", str(data), "--user-dir", "beamplugin", "--path", str(ckpt),
-              "--beam", "4", "--cpu", "--gen-subset", "test", "--batch-size", "16"]
+    common = _transformer_generate(trained_transformer)
     ours = run_tool(*common, "--task", "beam_translation", *engine)
-    fairseq = run_tool(*common, "--task", "translation")  # fairseq's own generator
-    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
+    mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(transformer_reference)
     assert sorted(mine) == list(range(N_TEST))
     # fairseq's own batching leaves a few sentences out (our task's batching keeps them all)
     assert len(reference) >= 0.9 * N_TEST
@@ -142,7 +181,7 @@ def test_interactive_on_a_transformer_joins_mid_search_and_prints_fairseqs_hypot
               "en", "--buffer-size", "10", "--batch-size", "3"]  # fmt: skip
     stdin = "\n".join(TRANSFORMER_LINES) + "\n"
     ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
-    fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
+    fairseq = fairseqs_own(*common, "--task", "translation", stdin=stdin)
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
     for sentence_id in reference:
@@ -164,7 +203,7 @@ def test_interactive_with_constraints_prints_fairseqs_hypotheses(trained_transfo
         for line, c in zip(TRANSFORMER_LINES, constraints, strict=True)
     )
     ours = run_tool(*common, "--task", "beam_translation", stdin=stdin)
-    fairseq = run_tool(*common, "--task", "translation", stdin=stdin)
+    fairseq = fairseqs_own(*common, "--task", "translation", stdin=stdin)
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
     assert sorted(mine) == sorted(reference) == list(range(len(TRANSFORMER_LINES)))
     for sentence_id in reference:
@@ -192,7 +231,7 @@ def test_interactive_refuses_a_line_whose_constraints_cannot_be_met_and_translat
     ours = run_tool(*common, "--task", "beam_translation", stdin="\n".join(lines) + "\n",
                     check=False)  # fmt: skip
     good = [line for index, line in enumerate(lines) if index != 1]
-    fairseq = run_tool(*common, "--task", "translation", stdin="\n".join(good) + "\n")
+    fairseq = fairseqs_own(*common, "--task", "translation", stdin="\n".join(good) + "\n")
     assert ours.returncode == 3, ours.stderr[-2000:]
     assert re.search(r"^E-1\t.*constraints of 7 tokens", ours.stdout, flags=re.M), ours.stdout
     mine, reference = lines_by_sentence(ours.stdout), lines_by_sentence(fairseq.stdout)
@@ -244,7 +283,7 @@ def test_generate_with_a_constraints_file_prints_fairseqs_constrained_hypotheses
     sources = (data.parent / "test.de").read_text().splitlines()
     stdin = "".join(f"{s}\t{c}\n" if c else f"{s}\n" for s, c in zip(sources, constraints,
                                                                       strict=True))  # fmt: skip
-    fairseq = run_tool(
+    fairseq = fairseqs_own(
         "fairseq-interactive", str(data), *common, "--task", "translation", "-s", "de", "-t",
         "en", "--buffer-size", "100", stdin=stdin,
     )  # fmt: skip
@@ -467,12 +506,11 @@ def test_bad_generation_options_fail_naming_the_option(trained, options, message
     assert "H-" not in out.stdout
 
 
-def test_training_goes_on_after_bleu_validation_with_our_generator(tmp_path):
+def test_training_goes_on_after_bleu_validation_with_our_generator(toy_data, tmp_path):
     """--eval-bleu decodes the valid set with our generator (under inference mode) between
     updates; training must carry on from there, through its backward passes."""
-    data = binarized_toy_corpus(tmp_path)
     out = run_tool(
-        "fairseq-train", str(data), "--user-dir", "beamplugin", "--task", "beam_translation",
+        "fairseq-train", str(toy_data), "--user-dir", "beamplugin", "--task", "beam_translation",
         "--arch", "convs2s_tiny", "--optimizer", "nag", "--lr", "0.25", "--clip-norm", "0.1",
         "--max-tokens", "2000", "--max-update", "6", "--save-dir", str(tmp_path / "ckpt"),
         "--cpu", "--no-progress-bar", "--seed", "1", "--eval-bleu",

@@ -59,24 +59,32 @@ def harness_output(compiler: str, isa: instruction_sets.InstructionSet, folder: 
     return done.stdout
 
 
+@pytest.fixture(scope="module")
+def native_output(tmp_path_factory):
+    """harness_output of this machine's compiler, built and run once a set for the module (the
+    two tests below compare the same AVX2 and generic outputs)."""
+    folder = tmp_path_factory.mktemp("harness")
+    return functools.cache(lambda isa: harness_output(CC, isa, folder))
+
+
 @needs_compiler
-def test_every_set_this_cpu_runs_gives_the_same_bytes(tmp_path):
+def test_every_set_this_cpu_runs_gives_the_same_bytes(native_output):
     fused = [isa for isa in (AVX512, AVX2) if instruction_sets.runs_here(isa)]
     if not fused:
         pytest.skip("this CPU runs neither AVX-512 nor AVX2 code")
-    outputs = {isa.name: harness_output(CC, isa, tmp_path) for isa in fused}
+    outputs = {isa.name: native_output(isa) for isa in fused}
     assert len(set(outputs.values())) == 1, list(outputs)
     # generic (two roundings a multiply-add on x86-64) is its own: same shapes, other bits
-    generic = harness_output(CC, GENERIC, tmp_path)
+    generic = native_output(GENERIC)
     assert len(generic) == len(outputs[fused[-1].name]) and generic != outputs[fused[-1].name]
 
 
 @needs_cross
 @pytest.mark.skipif(not instruction_sets.runs_here(AVX2), reason="this CPU cannot run AVX2")
-def test_neon_gives_the_bytes_of_avx2_and_generic_those_of_x86s_generic(tmp_path):
+def test_neon_gives_the_bytes_of_avx2_and_generic_those_of_x86s_generic(native_output, tmp_path):
     qemu = [QEMU, "-L", "/usr/aarch64-linux-gnu"]
-    assert harness_output(CROSS, NEON, tmp_path, qemu) == harness_output(CC, AVX2, tmp_path)
-    assert harness_output(CROSS, GENERIC, tmp_path, qemu) == harness_output(CC, GENERIC, tmp_path)
+    assert harness_output(CROSS, NEON, tmp_path, qemu) == native_output(AVX2)
+    assert harness_output(CROSS, GENERIC, tmp_path, qemu) == native_output(GENERIC)
 
 
 @needs_cross

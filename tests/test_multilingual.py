@@ -19,12 +19,11 @@ from builders import assert_same, one_sentence
 from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
-from fairseq_tools import assert_same_lines, lines_by_sentence
+from fairseq_tools import assert_same_lines, lines_by_sentence, run_in_process
 from multilingual_tools import (
     LANGTOKS,
     PAIRS,
     SENTENCES,
-    run_in_process,
     source_lines,
     task_options,
     trained_model,
