@@ -27,6 +27,7 @@ from fairseq.models import (
 from fairseq.modules import FairseqDropout, GradMultiply
 from torch import Tensor, nn
 
+from beamplugin.kernels import convs2s_layers
 from beamplugin.models.normalization import plain_softmax
 from beamplugin.modules import (
     CausalConvolution,
@@ -263,6 +264,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             positions = self.embed_positions(prev_output_tokens)
         x = self.dropout_module(self.embed_tokens(tokens) + positions)
         target_embedding = x
+        keep_attn = not self.training and self.need_attn and need_attn
+        if incremental and output_columns is None:
+            # the step in one call of our kernels where it serves (PROTOTYPE: a shortlist's
+            # output columns stay on this path)
+            in_kernel = convs2s_layers.step_of(self, x)
+            if in_kernel is not None:
+                return in_kernel(self, x, x, groups, incremental_state, keep_attn)
         x = self.fc1(x)
 
         # the full pass convolves time-major and attends batch-major; a step is batch x 1 x C
@@ -271,7 +279,6 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
         x = swap(x)
         avg_attn = None
-        keep_attn = not self.training and self.need_attn and need_attn
         residuals = [x]
         for projection, conv, attention, distance in zip(
             self.projections, self.convolutions, self.attention, self.residuals, strict=True
