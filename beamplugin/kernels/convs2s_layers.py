@@ -273,7 +273,9 @@ class ConvS2SStep:
 
 _SCRATCH = ("outputs", "wide", "residual", "glued", "query", "context", "probs", "hidden")
 
+# each decoder's (key, step), the step None where it does not serve; dropped with the kernels
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+native_library.on_forget(_steps.clear)
 
 
 def _key(decoder: nn.Module) -> tuple:
