@@ -15,6 +15,8 @@ convolutions' buffers and the memory groups.
 from __future__ import annotations
 
 import ctypes
+import operator
+import os
 import threading
 import weakref
 from typing import Any
@@ -273,19 +275,29 @@ class ConvS2SStep:
 
 _SCRATCH = ("outputs", "wide", "residual", "glued", "query", "context", "probs", "hidden")
 
-# each decoder's (key, step), the step None where it does not serve; dropped with the kernels
+# each decoder's (parameters, key, step), the step None where it does not serve; dropped with the kernels
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 native_library.on_forget(_steps.clear)
 
 
-def _key(decoder: nn.Module) -> tuple:
-    parameters = list(decoder.parameters())
+_version, _data_ptr = operator.attrgetter("_version"), torch.Tensor.data_ptr
+
+
+def _key(decoder: nn.Module, parameters: list[nn.Parameter]) -> tuple:
+    """What the step's pointers depend on: the int8 / bf16 switches, the parameters' versions
+    and storage (C-level maps: this runs every step)."""
     return (
         bool(decoder.fc1.int8_products),
         bool(decoder.fc1.bf16_products),
-        tuple(p._version for p in parameters),
-        tuple(p.data_ptr() for p in parameters),
+        tuple(map(_version, parameters)),
+        tuple(map(_data_ptr, parameters)),
     )
+
+
+def forget(decoder: nn.Module) -> None:
+    """Drop ``decoder``'s step (its parameters may change behind their version counters: fairseq's
+    optimizers write through ``p.data`` between ``train()`` and ``eval()``, which call this)."""
+    _steps.pop(decoder, None)
 
 
 def step_of(decoder: nn.Module, x: Tensor) -> ConvS2SStep | None:
@@ -298,17 +310,20 @@ def step_of(decoder: nn.Module, x: Tensor) -> ConvS2SStep | None:
         or torch.is_grad_enabled()
         or decoder.training
         or not available()
+        # TEMPORARY (prototype measurements): the Python path, old against new in one run
+        or os.environ.get("BEAMPLUGIN_CONVS2S_STEP") == "off"
     ):
         return None
-    key = _key(decoder)
     kept = _steps.get(decoder)
-    if kept is not None and kept[0] == key:
-        return kept[1]
+    parameters = list(decoder.parameters()) if kept is None else kept[0]
+    key = _key(decoder, parameters)
+    if kept is not None and kept[1] == key:
+        return kept[2]
     step = None
     if sentence_attention.taken(decoder.fc1.in_features):
         try:
             step = ConvS2SStep(decoder)
         except (ValueError, AttributeError):
             step = None
-    _steps[decoder] = (key, step)
+    _steps[decoder] = (parameters, key, step)
     return step

@@ -341,6 +341,16 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def make_generation_fast_(self, need_attn: bool = False, **kwargs: Any) -> None:
         self.need_attn = need_attn
 
+    def train(self, mode: bool = True) -> ConvS2SDecoder:
+        # the step in one call is made again after: parameters may have changed behind their
+        # version counters (fairseq's optimizers write through p.data), as InferenceCache's
+        convs2s_layers.forget(self)
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001  (torch's private signature)
+        convs2s_layers.forget(self)  # parameters moved or cast
+        return super()._apply(fn, recurse)
+
 
 @register_model("convs2s")
 class ConvS2SModel(FairseqEncoderDecoderModel):
