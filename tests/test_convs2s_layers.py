@@ -186,3 +186,18 @@ def test_isa_off_keeps_the_python_path(vocab, kernels_for):
     model = build_convs2s(vocab, 1)
     with torch.inference_mode():
         assert convs2s_layers.step_of(model.decoder, torch.empty(0)) is None
+
+
+def test_a_weight_changed_in_place_is_taken_at_the_next_encoder_forward(vocab, monkeypatch):
+    model = build_convs2s(vocab, 1)
+    before = scripted_steps(model, vocab, True, monkeypatch)
+    with torch.inference_mode():
+        step = convs2s_layers.step_of(model.decoder, torch.empty(0))
+    with torch.no_grad():
+        model.decoder.convolutions[1].weight_g.mul_(2)  # bumps its version
+    after = scripted_steps(model, vocab, True, monkeypatch)  # encodes first
+    with torch.inference_mode():
+        assert convs2s_layers.step_of(model.decoder, torch.empty(0)) is not step
+    theirs = scripted_steps(model, vocab, False, monkeypatch)
+    assert not torch.equal(before[-1][0], after[-1][0])
+    torch.testing.assert_close(after[-1][0], theirs[-1][0], rtol=1e-5, atol=1e-5)

@@ -275,7 +275,8 @@ class ConvS2SStep:
 
 _SCRATCH = ("outputs", "wide", "residual", "glued", "query", "context", "probs", "hidden")
 
-# each decoder's (parameters, key, step), the step None where it does not serve; dropped with the kernels
+# each decoder's (parameters, key, step, checked), the step None where it does not serve; the key
+# checked again after each encoder forward (recheck); dropped with the kernels
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 native_library.on_forget(_steps.clear)
 
@@ -292,6 +293,15 @@ def _key(decoder: nn.Module, parameters: list[nn.Parameter]) -> tuple:
         tuple(map(_version, parameters)),
         tuple(map(_data_ptr, parameters)),
     )
+
+
+def recheck(decoder: nn.Module) -> None:
+    """Check ``decoder``'s parameters against its step's key at its next step (called at each
+    encoder forward, as TransformerWeights.current is: not at every step, 8 us of 40
+    parameters' versions and storage)."""
+    kept = _steps.get(decoder)
+    if kept is not None:
+        _steps[decoder] = (*kept[:3], False)
 
 
 def forget(decoder: nn.Module) -> None:
@@ -315,9 +325,12 @@ def step_of(decoder: nn.Module, x: Tensor) -> ConvS2SStep | None:
     ):
         return None
     kept = _steps.get(decoder)
+    if kept is not None and kept[3]:  # checked since the last encoder forward
+        return kept[2]
     parameters = list(decoder.parameters()) if kept is None else kept[0]
     key = _key(decoder, parameters)
     if kept is not None and kept[1] == key:
+        _steps[decoder] = (parameters, key, kept[2], True)
         return kept[2]
     step = None
     if sentence_attention.taken(decoder.fc1.in_features):
@@ -325,5 +338,5 @@ def step_of(decoder: nn.Module, x: Tensor) -> ConvS2SStep | None:
             step = ConvS2SStep(decoder)
         except (ValueError, AttributeError):
             step = None
-    _steps[decoder] = (parameters, key, step)
+    _steps[decoder] = (parameters, key, step, True)
     return step

@@ -9,6 +9,7 @@ encoder is prepared once per sentence and kept (and reordered) in the incrementa
 
 from __future__ import annotations
 
+import functools
 import math
 from argparse import ArgumentParser, Namespace
 from typing import Any
@@ -362,6 +363,9 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         if attending == 0:
             raise ValueError("--decoder-attention: at least one decoder layer must attend")
         self.encoder.num_attention_layers = attending
+        # the decoder's step in one call checks its weights again after each encoder forward
+        # (every sentence is encoded before it decodes)
+        encoder.register_forward_pre_hook(functools.partial(_recheck, decoder))
 
     @property
     def plain_softmax(self) -> bool:
@@ -421,6 +425,13 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             embed_path=args.decoder_embed_path,
         )
         return cls(encoder, decoder)
+
+
+def _recheck(decoder: ConvS2SDecoder, *_: Any) -> None:
+    """A forward pre-hook of the encoder (bound to its model's decoder with functools.partial,
+    so that copies and pickles of the model keep it): the decoder's step in one call checks its
+    weights at its next step."""
+    convs2s_layers.recheck(decoder)
 
 
 def _default(args: Namespace, name: str, value: Any) -> None:
