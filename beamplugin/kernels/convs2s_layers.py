@@ -149,9 +149,7 @@ class ConvS2SStep:
             entry.residual = product(projection)
             entry.conv = product(conv, "linearized")
             entry.in_projection = product(None if attention is None else attention.in_projection)
-            entry.out_projection = product(
-                None if attention is None else attention.out_projection
-            )
+            entry.out_projection = product(None if attention is None else attention.out_projection)
             entry.in_channels, entry.channels = conv.in_channels, conv.out_channels // 2
             entry.kernel, entry.distance = conv.kernel_size, distance
             self.kernel_sizes.append(conv.kernel_size)
@@ -187,19 +185,25 @@ class ConvS2SStep:
         1, widest src]`` (None unless ``need_attn``); the convolutions' buffers read and
         written in ``incremental_state`` as CausalConvolution.forward does."""
         rows = x.size(0)
-        x = x.reshape(rows, self.embed)
-        if not x.is_contiguous():
-            x = x.contiguous()
+        x = x.reshape(rows, self.embed).contiguous()
+        target = x if target is x else target.reshape(rows, self.embed).contiguous()
         step = self.step
         group_table = (_Group * len(groups))()
         widest_src, first = 0, 0
         for entry, (memory, group_rows) in zip(group_table, groups, strict=True):
             keys, values, bias, scale = (memory[k] for k in ("keys", "values", "bias", "scale"))
             sentences, _, src = keys.shape
-            if keys.stride(2) != 1 or values.stride(2) != 1 or group_rows % sentences:
+            if (
+                keys.stride(2) != 1
+                or values.stride(2) != 1
+                or group_rows % sentences
+                or (keys.dtype != torch.float32 or values.dtype != torch.float32)
+            ):
                 raise ValueError("a memory group is not sentence_attention's layout")
             entry.keys, entry.values, entry.scale = (
-                keys.data_ptr(), values.data_ptr(), scale.data_ptr()
+                keys.data_ptr(),
+                values.data_ptr(),
+                scale.data_ptr(),
             )
             entry.k_sentence, entry.k_dim = keys.stride(0), keys.stride(1)
             entry.v_sentence, entry.v_src = values.stride(0), values.stride(1)
@@ -219,30 +223,30 @@ class ConvS2SStep:
         sizes = [rows * k * c if k > 1 else 0
                  for k, c in zip(self.kernel_sizes, self.in_channels, strict=True)]  # fmt: skip
         windows = x.new_empty(sum(sizes)).split(sizes)
-        states = []
-        for entry, conv, window in zip(self.table, decoder.convolutions, windows, strict=True):
-            if conv.kernel_size == 1:
-                continue
-            buffer = conv.get_incremental_state(incremental_state, "input_buffer")
-            order = conv.get_incremental_state(incremental_state, "order")
-            if buffer is None:
-                entry.buffer, entry.buffer_stride = None, 0
-            else:
-                if buffer.stride()[1:] != (conv.in_channels, 1) or buffer.dtype != torch.float32:
-                    buffer = buffer.contiguous()
-                entry.buffer, entry.buffer_stride = buffer.data_ptr(), buffer.stride(0)
-                entry.order_rows = buffer.size(0)
-                if order is None and buffer.size(0) != rows:
-                    raise ValueError("a convolution's buffer has other rows than the step")
-            if order is not None:
-                order = order.to(torch.int64).contiguous()
-            entry.order = None if order is None else order.data_ptr()
-            entry.window = window.data_ptr()
-            states.append((conv, window, buffer, order))
-        with self._turn:
+        with self._turn:  # the layers' table and the step's struct are filled in for this step
+            states = []
+            for entry, conv, window in zip(self.table, decoder.convolutions, windows, strict=True):
+                if conv.kernel_size == 1:
+                    continue
+                buffer = conv.get_incremental_state(incremental_state, "input_buffer")
+                order = conv.get_incremental_state(incremental_state, "order")
+                if buffer is None:
+                    entry.buffer, entry.buffer_stride = None, 0
+                else:
+                    if buffer.stride()[1:] != (conv.in_channels, 1):  # frames consecutive
+                        buffer = buffer.contiguous()
+                    entry.buffer, entry.buffer_stride = buffer.data_ptr(), buffer.stride(0)
+                    entry.order_rows = buffer.size(0)
+                    if order is None and buffer.size(0) != rows:
+                        raise ValueError("a convolution's buffer has other rows than the step")
+                if order is not None:
+                    order = order.to(torch.int64).contiguous()
+                entry.order = None if order is None else order.data_ptr()
+                entry.window = window.data_ptr()
+                states.append((conv, window, buffer, order))
             self._lay_out_scratch(rows, widest_src)
             step.rows, step.groups, step.group = rows, len(groups), group_table
-            step.x, step.target = x.data_ptr(), x.data_ptr()
+            step.x, step.target = x.data_ptr(), target.data_ptr()
             step.logits = logits.data_ptr()
             step.attn = None if attn is None else attn.data_ptr()
             step.attn_width = widest_src
