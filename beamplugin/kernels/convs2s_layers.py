@@ -151,6 +151,8 @@ class ConvS2SStep:
             entry.in_projection = product(None if attention is None else attention.in_projection)
             entry.out_projection = product(None if attention is None else attention.out_projection)
             entry.in_channels, entry.channels = conv.in_channels, conv.out_channels // 2
+            if distance > len(self.kernel_sizes) + 1:  # the C step reads layer outputs back
+                raise ValueError("a residual from before the first layer's input")
             entry.kernel, entry.distance = conv.kernel_size, distance
             self.kernel_sizes.append(conv.kernel_size)
             channels.append(conv.out_channels // 2)
