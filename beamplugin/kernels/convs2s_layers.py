@@ -5,7 +5,7 @@ a product through the module, cache and ctypes layers at a beam's few rows, and 
 torch ops a step). The products are the same kernels called on the same rows, so with the same
 bits; GLU's sigmoid is our own (isa.h's exp), within a few ulp of torch's.
 
-PROTOTYPE (branch convs2s-step): a shortlist's output columns stay on the Python path.
+A shortlist's output columns (beamplugin.modules.output_columns) stay on the Python path.
 
 The weights' pointers are set once per decoder (:func:`step_of`), made again when a parameter's
 version or storage, or the int8 / bf16 switches, change; a step fills in its rows, the
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import operator
-import os
 import threading
 import weakref
 from typing import Any
@@ -281,8 +280,8 @@ class ConvS2SStep:
 
 _SCRATCH = ("outputs", "wide", "residual", "glued", "query", "context", "probs", "hidden")
 
-# each decoder's (parameters, key, step, checked), the step None where it does not serve; the key
-# checked again after each encoder forward (recheck); dropped with the kernels
+# each decoder's (key, step, checked), the step None where it does not serve; the key checked
+# again after each encoder forward (recheck); dropped with the kernels
 _steps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 native_library.on_forget(_steps.clear)
 
@@ -290,9 +289,10 @@ native_library.on_forget(_steps.clear)
 _version, _data_ptr = operator.attrgetter("_version"), torch.Tensor.data_ptr
 
 
-def _key(decoder: nn.Module, parameters: list[nn.Parameter]) -> tuple:
+def _key(decoder: nn.Module) -> tuple:
     """What the step's pointers depend on: the int8 / bf16 switches, the parameters' versions
-    and storage (C-level maps: this runs every step)."""
+    and storage (a parameter replaced is another storage)."""
+    parameters = list(decoder.parameters())
     return (
         bool(decoder.fc1.int8_products),
         bool(decoder.fc1.bf16_products),
@@ -303,11 +303,11 @@ def _key(decoder: nn.Module, parameters: list[nn.Parameter]) -> tuple:
 
 def recheck(decoder: nn.Module) -> None:
     """Check ``decoder``'s parameters against its step's key at its next step (called at each
-    encoder forward, as TransformerWeights.current is: not at every step, 8 us of 40
-    parameters' versions and storage)."""
+    encoder forward, as TransformerWeights.current is: not at every step, some 10 us for 40
+    parameters)."""
     kept = _steps.get(decoder)
     if kept is not None:
-        _steps[decoder] = (*kept[:3], False)
+        _steps[decoder] = (*kept[:2], False)
 
 
 def forget(decoder: nn.Module) -> None:
@@ -326,23 +326,20 @@ def step_of(decoder: nn.Module, x: Tensor) -> ConvS2SStep | None:
         or torch.is_grad_enabled()
         or decoder.training
         or not available()
-        # TEMPORARY (prototype measurements): the Python path, old against new in one run
-        or os.environ.get("BEAMPLUGIN_CONVS2S_STEP") == "off"
     ):
         return None
     kept = _steps.get(decoder)
-    if kept is not None and kept[3]:  # checked since the last encoder forward
-        return kept[2]
-    parameters = list(decoder.parameters()) if kept is None else kept[0]
-    key = _key(decoder, parameters)
-    if kept is not None and kept[1] == key:
-        _steps[decoder] = (parameters, key, kept[2], True)
-        return kept[2]
+    if kept is not None and kept[2]:  # checked since the last encoder forward
+        return kept[1]
+    key = _key(decoder)
+    if kept is not None and kept[0] == key:
+        _steps[decoder] = (key, kept[1], True)
+        return kept[1]
     step = None
     if sentence_attention.taken(decoder.fc1.in_features):
         try:
             step = ConvS2SStep(decoder)
         except (ValueError, AttributeError):
             step = None
-    _steps[decoder] = (parameters, key, step, True)
+    _steps[decoder] = (key, step, True)
     return step

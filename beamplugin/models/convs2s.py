@@ -267,8 +267,8 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         target_embedding = x
         keep_attn = not self.training and self.need_attn and need_attn
         if incremental and output_columns is None:
-            # the step in one call of our kernels where it serves (PROTOTYPE: a shortlist's
-            # output columns stay on this path)
+            # the step in one call of our kernels where it serves (a shortlist's output
+            # columns stay on this path)
             in_kernel = convs2s_layers.step_of(self, x)
             if in_kernel is not None:
                 return in_kernel(self, x, x, groups, incremental_state, keep_attn)
