@@ -9,6 +9,7 @@ encoder is prepared once per sentence and kept (and reordered) in the incrementa
 
 from __future__ import annotations
 
+import functools
 import math
 from argparse import ArgumentParser, Namespace
 from typing import Any
@@ -27,6 +28,7 @@ from fairseq.models import (
 from fairseq.modules import FairseqDropout, GradMultiply
 from torch import Tensor, nn
 
+from beamplugin.kernels import convs2s_layers
 from beamplugin.models.normalization import plain_softmax
 from beamplugin.modules import (
     CausalConvolution,
@@ -263,6 +265,13 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
             positions = self.embed_positions(prev_output_tokens)
         x = self.dropout_module(self.embed_tokens(tokens) + positions)
         target_embedding = x
+        keep_attn = not self.training and self.need_attn and need_attn
+        if incremental and output_columns is None:
+            # the step in one call of our kernels where it serves (a shortlist's output
+            # columns stay on this path)
+            in_kernel = convs2s_layers.step_of(self, x)
+            if in_kernel is not None:
+                return in_kernel(self, x, x, groups, incremental_state, keep_attn)
         x = self.fc1(x)
 
         # the full pass convolves time-major and attends batch-major; a step is batch x 1 x C
@@ -271,7 +280,6 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
 
         x = swap(x)
         avg_attn = None
-        keep_attn = not self.training and self.need_attn and need_attn
         residuals = [x]
         for projection, conv, attention, distance in zip(
             self.projections, self.convolutions, self.attention, self.residuals, strict=True
@@ -334,6 +342,16 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
     def make_generation_fast_(self, need_attn: bool = False, **kwargs: Any) -> None:
         self.need_attn = need_attn
 
+    def train(self, mode: bool = True) -> ConvS2SDecoder:
+        # the step in one call is made again after: parameters may have changed behind their
+        # version counters (fairseq's optimizers write through p.data), as InferenceCache's
+        convs2s_layers.forget(self)
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001  (torch's private signature)
+        convs2s_layers.forget(self)  # parameters moved or cast
+        return super()._apply(fn, recurse)
+
 
 @register_model("convs2s")
 class ConvS2SModel(FairseqEncoderDecoderModel):
@@ -345,6 +363,9 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
         if attending == 0:
             raise ValueError("--decoder-attention: at least one decoder layer must attend")
         self.encoder.num_attention_layers = attending
+        # the decoder's step in one call checks its weights again after each encoder forward
+        # (every sentence is encoded before it decodes)
+        encoder.register_forward_pre_hook(functools.partial(_recheck, decoder))
 
     @property
     def plain_softmax(self) -> bool:
@@ -404,6 +425,13 @@ class ConvS2SModel(FairseqEncoderDecoderModel):
             embed_path=args.decoder_embed_path,
         )
         return cls(encoder, decoder)
+
+
+def _recheck(decoder: ConvS2SDecoder, *_: Any) -> None:
+    """A forward pre-hook of the encoder (bound to its model's decoder with functools.partial,
+    so that copies and pickles of the model keep it): the decoder's step in one call checks its
+    weights at its next step."""
+    convs2s_layers.recheck(decoder)
 
 
 def _default(args: Namespace, name: str, value: Any) -> None:

@@ -13,23 +13,8 @@
 /* the embedding is torch's scale x row, then + position, one rounding each */
 #pragma GCC optimize("fp-contract=off")
 
-#define PARALLEL_WORK (1 << 17) /* native_library.PARALLEL_WORK */
+#include "product_calls.h"
 
-typedef void (*products_fn)(const float *x, int64_t ldx, const float *panels, const float *bias,
-                            const float *residual, int64_t ldr, float *y, int64_t ldy, int64_t m,
-                            int64_t n, int64_t k_len, int relu, const float *gamma,
-                            const float *beta, float eps, int threads);
-typedef int (*int8_products_fn)(const float *x, int64_t ldx, int64_t k, float smallest,
-                                const void *panels, const int32_t *sums,
-                                const float *channel_scales, const float *bias,
-                                const float *residual, int64_t ldr, float *y, int64_t ldy,
-                                int64_t m, int64_t n, int relu, int threads);
-typedef int (*bf16_products_fn)(const float *x, int64_t ldx, const void *panels,
-                                const float *bias, const float *residual, int64_t ldr, float *y,
-                                int64_t ldy, int64_t m, int64_t n, int64_t k_len, int relu,
-                                int threads);
-typedef void (*norm_fn)(const float *x, int64_t ldx, float *y, int64_t ldy, int64_t m, int64_t n,
-                        const float *gamma, const float *beta, float eps, int threads);
 typedef int (*self_attention_fn)(const float *qkv, int64_t qkv_stride, float *keys,
                                  float *values, int64_t row_stride, int64_t head_stride,
                                  const int64_t *sources, int64_t slots, const float *bias,
@@ -41,15 +26,6 @@ typedef void (*cross_attention_fn)(const float *q, int64_t q_stride, const float
                                    const float *bias, int64_t bias_sentence, float *mean,
                                    int64_t mean_stride, float *out, int64_t rows, int64_t each,
                                    int64_t heads, int64_t head_dim, int64_t src, int threads);
-
-struct product { /* a packed weight [out, in], its bias and a post-norm (gamma NULL: none) */
-    const void *panels; /* float32, int8 where sums is not NULL, bfloat16 where bf16 */
-    const int32_t *sums;
-    const float *scales, *bias, *gamma, *beta;
-    float eps;
-    int64_t out, in;
-    int bf16;
-};
 
 struct norm { /* a pre-norm layer's norm of a sublayer's input (gamma NULL: post-norm) */
     const float *gamma, *beta;
@@ -79,11 +55,7 @@ struct step {
     struct norm final_norm;
     struct product output; /* the logits' projection, into logits [rows, out] */
     float *logits;
-    products_fn products;
-    int8_products_fn int8_products;
-    bf16_products_fn bf16_products;
-    float smallest; /* an int8 row scale's least */
-    norm_fn norm;
+    struct product_kernels kernels; /* products, int8_products, bf16_products, smallest, norm */
     self_attention_fn self_attention;
     cross_attention_fn cross_attention;
     int64_t layers, rows, embed, heads, head_dim, hidden, width, slots, row_stride,
@@ -104,30 +76,14 @@ struct step {
 
 static int threads_for(const struct step *s, int64_t work)
 {
-    return work >= PARALLEL_WORK ? s->threads : 1;
+    return threads_for_work(s->threads, work);
 }
 
 /* 0, or -1 if an int8 or bf16 product could not allocate its rounded rows */
 static int product(const struct step *s, const struct product *p, const float *x, int64_t ldx,
                    const float *residual, float *y, int relu)
 {
-    int threads = threads_for(s, s->rows * p->out * p->in);
-    if (p->bf16) {
-        if (s->bf16_products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y,
-                             p->out, s->rows, p->out, p->in, relu, threads))
-            return -1;
-    } else if (!p->sums) {
-        s->products(x, ldx, p->panels, p->bias, residual, residual ? p->out : 0, y, p->out,
-                    s->rows, p->out, p->in, relu, p->gamma, p->beta, p->eps, threads);
-        return 0;
-    } else if (s->int8_products(x, ldx, p->in, s->smallest, p->panels, p->sums, p->scales,
-                                p->bias, residual, residual ? p->out : 0, y, p->out, s->rows,
-                                p->out, relu, threads))
-        return -1;
-    if (p->gamma)
-        s->norm(y, p->out, y, p->out, s->rows, p->out, p->gamma, p->beta, p->eps,
-                threads_for(s, s->rows * p->out * 64));
-    return 0;
+    return call_product(&s->kernels, s->rows, s->threads, p, x, ldx, residual, y, relu);
 }
 
 /* a sublayer's input: x, or x normed into s->normed */
@@ -135,8 +91,8 @@ static const float *input(const struct step *s, const struct norm *n, const floa
 {
     if (!n->gamma)
         return x;
-    s->norm(x, s->embed, s->normed, s->embed, s->rows, s->embed, n->gamma, n->beta, n->eps,
-            threads_for(s, s->rows * s->embed * 64));
+    s->kernels.norm(x, s->embed, s->normed, s->embed, s->rows, s->embed, n->gamma, n->beta,
+                    n->eps, threads_for(s, s->rows * s->embed * 64));
     return s->normed;
 }
 

@@ -23,6 +23,10 @@ static inline vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); } /
 
 /* a > b ? a : b, each lane (b where either is NaN) */
 static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+/* a < b ? a : b, each lane (b where either is NaN) */
+static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
+/* a / b, each lane, correctly rounded */
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 /* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
  * n + 127 is t's low mantissa bits, moved into the exponent */
 static inline vf vf_pow2_biased(vf t)

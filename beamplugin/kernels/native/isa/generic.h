@@ -29,6 +29,15 @@ static inline vf vf_max(vf a, vf b)
         a[i] = a[i] > b[i] ? a[i] : b[i];
     return a;
 }
+/* a < b ? a : b, each lane (b where either is NaN) */
+static inline vf vf_min(vf a, vf b)
+{
+    for (int i = 0; i < LANES; i++)
+        a[i] = a[i] < b[i] ? a[i] : b[i];
+    return a;
+}
+/* a / b, each lane, correctly rounded */
+static inline vf vf_div(vf a, vf b) { return a / b; }
 /* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
  * n + 127 is t's low mantissa bits, moved into the exponent */
 static inline vf vf_pow2_biased(vf t)
