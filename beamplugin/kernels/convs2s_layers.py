@@ -23,18 +23,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from beamplugin.kernels import (
-    bf16_kernels,
-    float_products,
-    int8_products,
-    native_library,
-    sentence_attention,
-)
-from beamplugin.kernels.transformer_layers import Product, _Product, _product
+from beamplugin.kernels import int8_products, native_library, sentence_attention
+from beamplugin.kernels.product_calls import Product, ProductCall, product_call, product_kernels
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
-SQRT_HALF = 0.7071067811865476
 
 
 class _Kernels(ctypes.Structure):  # product_calls.h's struct product_kernels
@@ -43,7 +36,7 @@ class _Kernels(ctypes.Structure):  # product_calls.h's struct product_kernels
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _Product) for name in ("residual", "conv", "in_projection",
+    _fields_ = [(name, ProductCall) for name in ("residual", "conv", "in_projection",
                                               "out_projection")]  # fmt: skip
     _fields_ += [(name, _I) for name in ("in_channels", "channels", "kernel", "distance")]
     _fields_ += [("buffer", _P), ("buffer_stride", _I), ("order", _P), ("order_rows", _I)]
@@ -59,7 +52,7 @@ class _Group(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [("kernels", _Kernels), ("attention", _P)]
-    _fields_ += [(name, _Product) for name in ("fc1", "fc2", "fc3")]
+    _fields_ += [(name, ProductCall) for name in ("fc1", "fc2", "fc3")]
     _fields_ += [(name, _I) for name in ("layers", "rows", "embed", "attention_layers",
                                          "widest_channels", "out_embed", "groups")]  # fmt: skip
     _fields_ += [("group", ctypes.POINTER(_Group))]
@@ -75,19 +68,11 @@ def _kernels() -> tuple[Any, list[int | None]] | None:
     """convs2s_layers.c's entry and the addresses of the kernels it calls (None where any of
     them cannot be built)."""
     run = native_library.function("convs2s_layers", "convs2s_step", [_P, _P], _P)
-    parts = [
-        native_library.address("products", "products"),
-        native_library.address("products", "layer_norm_rows"),
-        native_library.address("attention", "sentence_attention"),
-    ]
-    if run is None or None in parts:
+    products = product_kernels()
+    attention = native_library.address("attention", "sentence_attention")
+    if run is None or products is None or attention is None:
         return None
-    int8 = bf16 = None
-    if int8_products.available():
-        int8 = native_library.address("int8_products", "int8_products")
-    if float_products.bf16_weights_available():
-        bf16 = bf16_kernels.address()
-    return run, [parts[0], int8, bf16, parts[1], parts[2]]
+    return run, [products.products, products.int8, products.bf16, products.norm, attention]
 
 
 def available() -> bool:
@@ -127,15 +112,15 @@ class ConvS2SStep:
         int8_kernel = addresses[1]
         kept: list[Any] = []  # the prepared weights the pointers point into
 
-        def product(module: nn.Module | None, name: str = "weight") -> _Product:
+        def product(module: nn.Module | None, name: str = "weight") -> ProductCall:
             if module is None:
-                return _Product()
+                return ProductCall()
             prepared = _prepared(module, probe, name)
             kernel_product = _kernel_product(prepared)
             if kernel_product is None:
                 raise ValueError("a product that is not on our kernels")
             kept.append(prepared)
-            return _product(kernel_product, int8_kernel)
+            return product_call(kernel_product, int8_kernel)
 
         self.layers = len(decoder.convolutions)
         self.table = table = (_Layer * self.layers)()

@@ -15,23 +15,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from beamplugin.kernels import bf16_kernels, float_products, int8_products, native_library
-from beamplugin.kernels.float_products import Bf16Weights, Panels
-from beamplugin.kernels.int8_products import Int8Panels
+from beamplugin.kernels import int8_products, native_library
+from beamplugin.kernels.product_calls import (
+    Norm,
+    Product,
+    ProductCall,
+    product_call,
+    product_kernels,
+)
 
-Norm = tuple[Tensor, Tensor, float]  # weight, bias, eps
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
-
-
-class Product(NamedTuple):
-    """A packed weight (float32, bfloat16 for float32 rows, or int8 with its channel scales), its
-    bias, and the post-norm its call applies (or None)."""
-
-    panels: Panels | Int8Panels
-    bias: Tensor | None
-    norm: Norm | None
-    scales: Tensor | None = None  # an int8 weight's, per output channel
 
 
 class Layer(NamedTuple):
@@ -73,18 +67,12 @@ class Group(NamedTuple):
     rows: int
 
 
-class _Product(ctypes.Structure):
-    _fields_ = [("panels", _P), ("sums", _P), ("scales", _P), ("bias", _P), ("gamma", _P),
-                ("beta", _P), ("eps", ctypes.c_float), ("out", _I), ("inner", _I),
-                ("bf16", ctypes.c_int)]  # fmt: skip
-
-
 class _Norm(ctypes.Structure):
     _fields_ = [("gamma", _P), ("beta", _P), ("eps", ctypes.c_float)]
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _Product) for name in Layer._fields[:6]]
+    _fields_ = [(name, ProductCall) for name in Layer._fields[:6]]
     _fields_ += [(name, _Norm) for name in Layer._fields[6:]]
     _fields_ += [("keys", _P), ("values", _P)]
 
@@ -100,7 +88,7 @@ class _Step(ctypes.Structure):
     _fields_ = [("tokens", _P)]
     _fields_ += [(name, _I) for name in ("token_stride", "steps", "pad", "vocab", "positions")]
     _fields_ += [("embedding", _P), ("position_table", _P), ("embed_scale", ctypes.c_float)]
-    _fields_ += [("final_norm", _Norm), ("output", _Product), ("logits", _P)]
+    _fields_ += [("final_norm", _Norm), ("output", ProductCall), ("logits", _P)]
     _fields_ += [("products", _P), ("int8_products", _P), ("bf16_products", _P)]
     _fields_ += [("smallest", ctypes.c_float)]
     _fields_ += [("norm", _P), ("self_attention", _P), ("cross_attention", _P)]
@@ -124,51 +112,19 @@ def _kernels() -> tuple[Any, list[int | None]] | None:
     """transformer_layers.c's entry and the addresses of the kernels it calls (None where any of
     them cannot be built)."""
     run = native_library.function("transformer_layers", "decoder_step", [_P, _P], _P)
-    parts = [
-        native_library.address("products", "products"),
-        native_library.address("products", "layer_norm_rows"),
+    products = product_kernels()
+    attention = [
         native_library.address("attention", "self_attention"),
         native_library.address("attention", "cross_attention"),
     ]
-    if run is None or None in parts:
+    if run is None or products is None or None in attention:
         return None
-    # int8 and bfloat16 products where this CPU has their kernels (else no layer is given their
-    # panels)
-    int8 = bf16 = None
-    if int8_products.available():
-        int8 = native_library.address("int8_products", "int8_products")
-    if float_products.bf16_weights_available():
-        bf16 = bf16_kernels.address()
-    return run, [parts[0], int8, parts[1], parts[2], parts[3], bf16]
+    return run, [products.products, products.int8, products.norm, *attention, products.bf16]
 
 
 def available() -> bool:
     """Whether the layers can run here (transformer_layers.c and the kernels it calls built)."""
     return _kernels() is not None
-
-
-def _pointer(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def _product(product: Product | None, int8_kernel: int | None) -> _Product:
-    if product is None:
-        return _Product()
-    gamma, beta, eps = product.norm or (None, None, 0.0)
-    panels = product.panels
-    int8, bf16 = isinstance(panels, Int8Panels), isinstance(panels, Bf16Weights)
-    if int8 and (int8_kernel is None or product.scales is None):
-        raise ValueError("int8 panels need this CPU's int8 kernel and their scales")
-    if bf16 and not float_products.bf16_weights_available():
-        raise ValueError("bfloat16 panels need this CPU's bfloat16 kernel")
-    tensors = [product.bias, product.scales, gamma, beta]
-    if any(t is not None and not t.is_contiguous() for t in tensors):
-        raise ValueError("biases, scales and norm weights must be contiguous")
-    return _Product(
-        panels.values.data_ptr(), panels.sums.data_ptr() if int8 else None,
-        _pointer(product.scales), _pointer(product.bias), _pointer(gamma), _pointer(beta), eps,
-        panels.out_features, panels.in_features, int(bf16),
-    )  # fmt: skip
 
 
 def _norm(norm: Norm | None) -> _Norm:
@@ -181,7 +137,7 @@ def _layer_table(layers: list[Layer], int8_kernel: int | None) -> ctypes.Array:
     table = (_Layer * len(layers))()
     for entry, layer in zip(table, layers, strict=True):
         for name, product in zip(Layer._fields[:6], layer[:6], strict=True):
-            setattr(entry, name, _product(product, int8_kernel))
+            setattr(entry, name, product_call(product, int8_kernel))
         entry.self_norm, entry.cross_norm = _norm(layer.self_norm), _norm(layer.cross_norm)
         entry.final_norm = _norm(layer.final_norm)
     return table
@@ -252,8 +208,8 @@ class DecoderStep:
                for t in tables):  # fmt: skip
             raise ValueError(f"embedding and positions must be contiguous float32 x {self.embed}")
         self.table = _layer_table(layers, int8_kernel)
-        self.output = _product(ends.output, int8_kernel)
-        self._columns: tuple[Product, _Product] | None = None  # the last shortlist's output
+        self.output = product_call(ends.output, int8_kernel)
+        self._columns: tuple[Product, ProductCall] | None = None  # the last shortlist's output
         self._turn = threading.Lock()
         self._scratch = torch.empty(0)  # the step's scratch, laid out for _scratch_rows
         self._scratch_rows: tuple[int, int] | None = None
@@ -301,7 +257,7 @@ class DecoderStep:
         if output is not None:  # a shortlist's columns: the same product until they change
             kept = self._columns  # (read once: another thread's engine may replace it)
             if kept is None or kept[0] is not output:
-                kept = self._columns = output, _product(output, self.kernels[1][1])
+                kept = self._columns = output, product_call(output, self.kernels[1][1])
             projection, width = kept[1], output.panels.out_features
         if (
             logits.shape != (rows, width)
