@@ -21,7 +21,10 @@ from fairseq.models.transformer import base_architecture as transformer_architec
 
 from beamplugin import SequenceGenerator
 from beamplugin.engine import DecodingEngine
+from beamplugin.fairseq_plugin.precision import cast_for_decoding
+from beamplugin.kernels import float_products, int8_products
 from beamplugin.models.convs2s import ConvS2SModel
+from beamplugin.modules import int8_weights
 from beamplugin.streams import IteratorSource, run, sentence_request
 
 VOCAB_WORDS = 24
@@ -232,3 +235,15 @@ def stream(gen, sentences, order, prefixes=None, window=None, **capacity):
             results[finished.key] = finished.hypotheses
     assert sorted(results) == sorted(order), "a sentence was lost"
     return [results[i] for i in range(len(sentences))], engine
+
+
+def cast_or_skip(model: torch.nn.Module, precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``model`` cast for ``--int8`` (every product, small as they are) or ``--bf16`` (products
+    on bfloat16 weights, float32 rows), or the test skipped where this CPU has no such kernel."""
+    if precision == "int8":
+        if not int8_products.available():
+            pytest.skip("no int8 kernel for this instruction set")
+        monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)
+    if precision == "bf16" and not float_products.bf16_weights_available():
+        pytest.skip("no AVX512-BF16 here")
+    assert cast_for_decoding([model], precision) == torch.float32

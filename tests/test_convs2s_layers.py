@@ -10,13 +10,19 @@ import argparse
 
 import pytest
 import torch
-from builders import ORDERS, _Task, assert_identical, build_convs2s, make_batch, stream
+from builders import (
+    ORDERS,
+    _Task,
+    assert_identical,
+    build_convs2s,
+    cast_or_skip,
+    make_batch,
+    stream,
+)
 
 from beamplugin import SequenceGenerator
-from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import convs2s_layers, float_products, int8_products
+from beamplugin.kernels import convs2s_layers
 from beamplugin.models.convs2s import ConvS2SModel
-from beamplugin.modules import int8_weights
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -50,15 +56,8 @@ def model_of(kind: str, vocab, monkeypatch, seed: int = 1) -> ConvS2SModel:
     if kind == "shapes":
         return build_shapes(vocab, seed)
     model = build_convs2s(vocab, seed)
-    if kind == "int8":
-        if not int8_products.available():
-            pytest.skip("no int8 kernel for this instruction set")
-        monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
-        assert cast_for_decoding([model], "int8") == torch.float32
-    if kind == "bf16":
-        if not float_products.bf16_weights_available():
-            pytest.skip("no AVX512-BF16 here")
-        assert cast_for_decoding([model], "bf16") == torch.float32
+    if kind in ("int8", "bf16"):
+        cast_or_skip(model, kind, monkeypatch)
     return model
 
 

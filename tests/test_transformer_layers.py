@@ -10,14 +10,20 @@ import threading
 
 import pytest
 import torch
-from builders import ORDERS, alone, assert_same, build_transformer, make_batch, stream
+from builders import (
+    ORDERS,
+    alone,
+    assert_same,
+    build_transformer,
+    cast_or_skip,
+    make_batch,
+    stream,
+)
 from fairseq.sequence_generator import SequenceGenerator as FairseqGenerator
 
 from beamplugin import SequenceGenerator
-from beamplugin.fairseq_plugin.precision import cast_for_decoding
-from beamplugin.kernels import float_products, int8_products, transformer_layers
+from beamplugin.kernels import float_products, transformer_layers
 from beamplugin.models import transformer_weights
-from beamplugin.modules import int8_weights
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -48,15 +54,8 @@ def decode(vocab, sentences, model, monkeypatch, in_kernel: bool):
 def test_one_call_gives_the_calls_one_at_a_time(vocab, sentences, monkeypatch, kind):
     options = dict(encoder_normalize_before=True, decoder_normalize_before=True)
     model = build_transformer(vocab, 1, **(options if kind == "pre-norm" else {}))
-    if kind == "int8":
-        if not int8_products.available():
-            pytest.skip("no int8 kernel for this instruction set")
-        monkeypatch.setattr(int8_weights, "INT8_MIN_WEIGHTS", 0)  # every product, small as they are
-        assert cast_for_decoding([model], "int8") == torch.float32
-    if kind == "bf16":
-        if not float_products.bf16_weights_available():
-            pytest.skip("no AVX512-BF16 here")
-        assert cast_for_decoding([model], "bf16") == torch.float32  # on bfloat16 weights
+    if kind in ("int8", "bf16"):
+        cast_or_skip(model, kind, monkeypatch)
     one_call = decode(vocab, sentences, model, monkeypatch, in_kernel=True)
     if kind == "bf16":  # the step's products really on bfloat16 weights
         view = SequenceGenerator([model], vocab).model.models[0]
