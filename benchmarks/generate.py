@@ -9,12 +9,13 @@ Systems (beam 5, lenpen 1, max_len_a 0, max_len_b 200 (``--max-len-b``), one tes
 sorted by source length, batches of B consecutive sentences, as fairseq-generate makes them):
 
 * ``fairseq``: fairseq's SequenceGenerator, ``generate`` per batch;
-* ``ours`` / ``ours int8``: beamplugin's engine as fairseq-generate runs it through task
-  ``beam_translation`` (and as fairseq-interactive and the server do): every sentence in one
-  stream, at most B in flight (``beamplugin.streams.translate``), no attention kept (none is
-  printed without ``--print-alignment``; CTranslate2 returns none either) and one hypothesis
-  returned a sentence (fairseq-generate's ``--nbest 1``, CTranslate2's ``num_hypotheses=1``), in
-  float32 and with ``--int8``'s products;
+* ``ours`` / ``ours int8`` / ``ours bf16``: beamplugin's engine as fairseq-generate runs it
+  through task ``beam_translation`` (and as fairseq-interactive and the server do): every
+  sentence in one stream, at most B in flight (``beamplugin.streams.translate``), no attention
+  kept (none is printed without ``--print-alignment``; CTranslate2 returns none either) and one
+  hypothesis returned a sentence (fairseq-generate's ``--nbest 1``, CTranslate2's
+  ``num_hypotheses=1``), in float32, with ``--int8``'s products and with ``--bf16``'s (on a CPU
+  with bfloat16 products only; its speed also against ours in float32);
 * ``ours generate``: beamplugin's SequenceGenerator, ``generate`` per batch as fairseq's (float32;
   at batch 1 each call's own setup shows);
 * ``ours torch kernels``: ``ours`` with ``BEAMPLUGIN_ISA=off`` (torch's kernels only, as without a
@@ -97,11 +98,12 @@ from benchmarks.common import (
 )
 
 BEAM, MAX_LEN_B = 5, 200
-SYSTEMS = ["fairseq", "ours", "ours int8", "ours generate", "ours torch kernels", "ct2 float32",
-           "ct2 int8"]  # fmt: skip
+SYSTEMS = ["fairseq", "ours", "ours int8", "ours bf16", "ours generate", "ours torch kernels",
+           "ct2 float32", "ct2 int8"]  # fmt: skip
 # with --vocabulary-map: ours and CTranslate2 on a shortlist (CTranslate2's use_vmap)
 SHORTLISTED = ["ours vmap", "ours int8 vmap", "ct2 float32 vmap", "ct2 int8 vmap"]
-OURS_STREAMED = ("ours", "ours int8", "ours torch kernels", "ours vmap", "ours int8 vmap")
+OURS_STREAMED = ("ours", "ours int8", "ours bf16", "ours torch kernels", "ours vmap",
+                 "ours int8 vmap")  # fmt: skip
 
 
 def test_set_options(parser: argparse.ArgumentParser) -> None:
@@ -257,7 +259,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
         model = prepare(fconv, BEAM) if args.worker == "fairseq" else convs2s
     device = torch.device(job["device"])
     model.to(device)
-    precision = "int8" if "int8" in args.worker else job["precision"]
+    precision = next((p for p in ("int8", "bf16") if p in args.worker), job["precision"])
     if precision != "float32":
         cast_for_decoding([model], precision)
     options: dict[str, Any] = dict(beam_size=BEAM, max_len_a=0, max_len_b=job["max_len_b"])
@@ -337,10 +339,11 @@ def measure(path: str, data: str, options: argparse.Namespace) -> bool:
     from fairseq import checkpoint_utils
 
     import beamplugin  # noqa: F401  (registers the task, safe checkpoint loading)
+    from beamplugin.fairseq_plugin.precision import native_on_cpu
 
     if options.device == "cpu" and options.precision != "float32":
         raise SystemExit("--precision: fp16 and bf16 are timed on a GPU (--device cuda); on the "
-                         "CPU 'ours int8' is the reduced precision timed")
+                         "CPU the systems 'ours int8' and 'ours bf16' are the reduced precisions")
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [path], arg_overrides={"data": data}
     )
@@ -356,7 +359,7 @@ def measure(path: str, data: str, options: argparse.Namespace) -> bool:
     # the converted models and the jobs: gigabytes at real sizes, removed at the end
     with tempfile.TemporaryDirectory(prefix="bench-transformer-") as scratch:
         workdir = Path(scratch)
-        systems = SYSTEMS[:5]
+        systems = [s for s in SYSTEMS if not s.startswith("ct2")]
         ct2: dict[str, str] = {}
         try:
             import ctranslate2  # noqa: F401
@@ -375,6 +378,10 @@ def measure(path: str, data: str, options: argparse.Namespace) -> bool:
             systems += SHORTLISTED[:2]
         # at real sizes a round takes minutes a system: the ones asked for, fairseq always
         systems = [s for s in systems if s in options.systems or s == "fairseq"]
+        if "ours bf16" in systems and not native_on_cpu(torch.bfloat16):
+            print("# ours bf16 left out: this CPU has no bfloat16 products (--bf16 decodes in "
+                  "float32 here)")
+            systems.remove("ours bf16")
         where = cpu_description()
         if options.device != "cpu":  # fairseq's and our float systems in the asked precision
             systems = [s for s in systems if s in ("fairseq", "ours", "ours generate")]
@@ -409,7 +416,8 @@ def measure(path: str, data: str, options: argparse.Namespace) -> bool:
                            row=f"{options.label}-b{batch}" + ("" if threads == 1 else
                                                               f"-t{threads}"),
                            what=f"{options.label}: {path}", model=options.label, batch=batch,
-                           precision="int8" if "int8" in row["system"] else options.precision,
+                           precision=next((p for p in ("int8", "bf16") if p in row["system"]),
+                                          options.precision),
                            command=command_line(), **row, **machine(options.device, threads))
                     for row in rows
                 ])  # fmt: skip
@@ -479,6 +487,9 @@ def report(threads: int, batch: int, count: int, runs: dict[str, list[dict[str, 
         rows.append(dict(system=name, sentences_per_s=count / time_taken,
                          tokens_per_s=tokens / time_taken, same_as_reference=f"{same}/{count}",
                          bleu=bleu, peak_mib=max(peaks) if peaks else None))  # fmt: skip
+        if name == "ours bf16" and "ours" in median:  # bfloat16's gain: against our float32
+            rows[-1]["ratio"] = dict(against="ours", value=median["ours"] / time_taken)
+            print(f"{'':18s} x{median['ours'] / time_taken:.2f} ours (float32)")
     return rows
 
 

@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+from beamplugin.fairseq_plugin.precision import native_on_cpu
 from benchmarks.models import build
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,11 +48,18 @@ def test_each_system_in_a_process_of_its_own_on_a_checkpoint(tmp_path):
     checkpoint, data = build("base", "tiny", tmp_path)
     results = tmp_path / "generate.jsonl"
     out = generate("--path", str(checkpoint), "--data", str(data), "--batch-sizes", "2",
-                   "--sentences", "2", "--systems", "ours", "--label", "tiny",
+                   "--sentences", "2", "--systems", "ours", "ours bf16", "--label", "tiny",
                    results=results)  # fmt: skip
     rows = dict(re.findall(r"^(fairseq|ours) +[\d.]+ +[\d.]+ +[\d.]+ +(\d+/\d+) ", out, re.M))
     assert rows == {"fairseq": "2/2", "ours": "2/2"}
     records = [json.loads(line) for line in results.read_text().splitlines()]
-    assert sorted((r["system"], r["row"], r["same_as_reference"]) for r in records) == [
+    float32 = [r for r in records if r["system"] != "ours bf16"]
+    assert sorted((r["system"], r["row"], r["same_as_reference"]) for r in float32) == [
         ("fairseq", "tiny-b2", "2/2"), ("ours", "tiny-b2", "2/2")]
     assert all(r["peak_mib"] > 0 and r["tokens_per_s"] > 0 for r in records)
+    bf16 = [r for r in records if r["system"] == "ours bf16"]
+    if native_on_cpu(torch.bfloat16):  # timed beside our float32, its ratio against it
+        assert [(r["precision"], r["ratio"]["against"]) for r in bf16] == [("bf16", "ours")]
+        assert re.search(r"^ +x[\d.]+ ours \(float32\)$", out, re.M)
+    else:
+        assert bf16 == [] and "ours bf16 left out" in out
