@@ -174,62 +174,11 @@ class ConvS2SStep:
         x = x.reshape(rows, self.embed).contiguous()
         target = x if target is x else target.reshape(rows, self.embed).contiguous()
         step = self.step
-        group_table = (_Group * len(groups))()
-        widest_src, first = 0, 0
-        for entry, (memory, group_rows) in zip(group_table, groups, strict=True):
-            keys, values, bias, scale = (memory[k] for k in ("keys", "values", "bias", "scale"))
-            sentences, _, src = keys.shape
-            if (
-                keys.stride(2) != 1
-                or values.stride(2) != 1
-                or group_rows % sentences
-                or (keys.dtype != torch.float32 or values.dtype != torch.float32)
-            ):
-                raise ValueError("a memory group is not sentence_attention's layout")
-            entry.keys, entry.values, entry.scale = (
-                keys.data_ptr(),
-                values.data_ptr(),
-                scale.data_ptr(),
-            )
-            entry.k_sentence, entry.k_dim = keys.stride(0), keys.stride(1)
-            entry.v_sentence, entry.v_src = values.stride(0), values.stride(1)
-            entry.scale_stride = scale.stride(0)
-            if bias is not None:
-                if bias.stride(2) != 1:
-                    raise ValueError("a memory bias's positions must be consecutive")
-                entry.bias, entry.bias_sentence = bias.data_ptr(), bias.stride(0)
-            entry.sentences, entry.rows, entry.src = sentences, group_rows, src
-            widest_src = max(widest_src, src)
-            first += group_rows
-        if first != rows:
-            raise ValueError("the groups' rows must add up to the step's")
+        group_table, widest_src = _group_table(groups, rows)
         logits = x.new_empty((rows, self.vocab))
         attn = x.new_empty((rows, widest_src)) if need_attn else None
-        # the convolutions' windows: this step's, whose last frames are the next buffer
-        sizes = [rows * k * c if k > 1 else 0
-                 for k, c in zip(self.kernel_sizes, self.in_channels, strict=True)]  # fmt: skip
-        windows = x.new_empty(sum(sizes)).split(sizes)
         with self._turn:  # the layers' table and the step's struct are filled in for this step
-            states = []
-            for entry, conv, window in zip(self.table, decoder.convolutions, windows, strict=True):
-                if conv.kernel_size == 1:
-                    continue
-                buffer = conv.get_incremental_state(incremental_state, "input_buffer")
-                order = conv.get_incremental_state(incremental_state, "order")
-                if buffer is None:
-                    entry.buffer, entry.buffer_stride = None, 0
-                else:
-                    if buffer.stride()[1:] != (conv.in_channels, 1):  # frames consecutive
-                        buffer = buffer.contiguous()
-                    entry.buffer, entry.buffer_stride = buffer.data_ptr(), buffer.stride(0)
-                    entry.order_rows = buffer.size(0)
-                    if order is None and buffer.size(0) != rows:
-                        raise ValueError("a convolution's buffer has other rows than the step")
-                if order is not None:
-                    order = order.to(torch.int64).contiguous()
-                entry.order = None if order is None else order.data_ptr()
-                entry.window = window.data_ptr()
-                states.append((conv, window, buffer, order))
+            states = self._lay_out_windows(decoder, incremental_state, x)
             self._lay_out_scratch(rows, widest_src)
             step.rows, step.groups, step.group = rows, len(groups), group_table
             step.x, step.target = x.data_ptr(), target.data_ptr()
@@ -251,6 +200,37 @@ class ConvS2SStep:
             conv.set_incremental_state(incremental_state, "order", None)
         return logits.unsqueeze(1), None if attn is None else attn.unsqueeze(1)
 
+    def _lay_out_windows(self, decoder: nn.Module, incremental_state: dict, x: Tensor) -> list:
+        """Point each convolution's entry at its buffer and pending beam order in
+        ``incremental_state`` and at this step's window (whose last frames are its next
+        buffer); the tensors read, kept alive through the call: (conv, window, buffer, order)
+        per convolution wider than one frame."""
+        rows = x.size(0)
+        sizes = [rows * k * c if k > 1 else 0
+                 for k, c in zip(self.kernel_sizes, self.in_channels, strict=True)]  # fmt: skip
+        windows = x.new_empty(sum(sizes)).split(sizes)
+        states = []
+        for entry, conv, window in zip(self.table, decoder.convolutions, windows, strict=True):
+            if conv.kernel_size == 1:
+                continue
+            buffer = conv.get_incremental_state(incremental_state, "input_buffer")
+            order = conv.get_incremental_state(incremental_state, "order")
+            if buffer is None:
+                entry.buffer, entry.buffer_stride = None, 0
+            else:
+                if buffer.stride()[1:] != (conv.in_channels, 1):  # frames consecutive
+                    buffer = buffer.contiguous()
+                entry.buffer, entry.buffer_stride = buffer.data_ptr(), buffer.stride(0)
+                entry.order_rows = buffer.size(0)
+                if order is None and buffer.size(0) != rows:
+                    raise ValueError("a convolution's buffer has other rows than the step")
+            if order is not None:
+                order = order.to(torch.int64).contiguous()
+            entry.order = None if order is None else order.data_ptr()
+            entry.window = window.data_ptr()
+            states.append((conv, window, buffer, order))
+        return states
+
     def _lay_out_scratch(self, rows: int, width: int) -> None:
         """Point the step's scratch at a buffer for ``rows`` rows and attention ``width``."""
         c, e = self.widest, self.embed
@@ -261,6 +241,37 @@ class ConvS2SStep:
         for name, size in zip(_SCRATCH, sizes, strict=True):
             setattr(self.step, name, at)
             at += 4 * rows * size
+
+
+def _group_table(groups: list[tuple[dict, int]], rows: int) -> tuple[Any, int]:
+    """The memory groups (each a pool's memory and its rows) as the C step reads them, and the
+    widest group's source width."""
+    table = (_Group * len(groups))()
+    widest_src, first = 0, 0
+    for entry, (memory, group_rows) in zip(table, groups, strict=True):
+        keys, values, bias, scale = (memory[k] for k in ("keys", "values", "bias", "scale"))
+        sentences, _, src = keys.shape
+        if (
+            keys.stride(2) != 1
+            or values.stride(2) != 1
+            or group_rows % sentences
+            or (keys.dtype != torch.float32 or values.dtype != torch.float32)
+        ):
+            raise ValueError("a memory group is not sentence_attention's layout")
+        entry.keys, entry.values, entry.scale = keys.data_ptr(), values.data_ptr(), scale.data_ptr()
+        entry.k_sentence, entry.k_dim = keys.stride(0), keys.stride(1)
+        entry.v_sentence, entry.v_src = values.stride(0), values.stride(1)
+        entry.scale_stride = scale.stride(0)
+        if bias is not None:
+            if bias.stride(2) != 1:
+                raise ValueError("a memory bias's positions must be consecutive")
+            entry.bias, entry.bias_sentence = bias.data_ptr(), bias.stride(0)
+        entry.sentences, entry.rows, entry.src = sentences, group_rows, src
+        widest_src = max(widest_src, src)
+        first += group_rows
+    if first != rows:
+        raise ValueError("the groups' rows must add up to the step's")
+    return table, widest_src
 
 
 _SCRATCH = ("outputs", "wide", "residual", "glued", "query", "context", "probs", "hidden")

@@ -16,21 +16,22 @@
 
 #include "isa.h"
 
-/* scores (-inf where masked) to probabilities, in place: 16 at a time, the last width % 16 as
+/* scores (-inf where masked) to probabilities, in place: a vector at a time, the last ones as
  * a vector padded with -inf (an exp of exactly 0) */
 static void softmax(float *s, int64_t width)
 {
     float most = -INFINITY;
     for (int64_t j = 0; j < width; j++)
         most = s[j] > most ? s[j] : most;
+    vf m = vf_set1(most);
     int64_t j = 0;
-    for (; j + 16 <= width; j += 16)
-        store16(s + j, exp_minus16(load16(s + j), most));
+    for (; j + LANES <= width; j += LANES) /* a vector at a time: no registers spilled */
+        vf_store(s + j, vf_exp_nonpositive(vf_sub(vf_load(s + j), m)));
     if (j < width) {
-        float tail[16];
-        for (int i = 0; i < 16; i++)
+        float tail[LANES];
+        for (int i = 0; i < LANES; i++)
             tail[i] = j + i < width ? s[j + i] : -INFINITY;
-        store16(tail, exp_minus16(load16(tail), most));
+        vf_store(tail, vf_exp_nonpositive(vf_sub(vf_load(tail), m)));
         memcpy(s + j, tail, (size_t)(width - j) * sizeof *s);
     }
     float sum = 0.0f;

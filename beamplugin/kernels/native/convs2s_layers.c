@@ -88,28 +88,21 @@ static inline vf vf_glu(vf a, vf b)
     return vf_mul(a, vf_div(num, vf_add(vf_set1(1.0f), e)));
 }
 
-static inline v16 glu16(v16 a, v16 b)
-{
-    for (int i = 0; i < PARTS; i++)
-        a.part[i] = vf_glu(a.part[i], b.part[i]);
-    return a;
-}
-
 /* out [rows, channels] = GLU of wide [rows, 2 channels]: first half times the sigmoid of the
- * second; 16 at a time, the tail as a vector padded with zeros */
+ * second; a vector at a time (no registers spilled), the tail as a vector padded with zeros */
 static void glu(const float *wide, float *out, int64_t rows, int64_t channels)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *a = wide + r * 2 * channels, *b = a + channels;
         float *o = out + r * channels;
         int64_t c = 0;
-        for (; c + 16 <= channels; c += 16)
-            store16(o + c, glu16(load16(a + c), load16(b + c)));
+        for (; c + LANES <= channels; c += LANES)
+            vf_store(o + c, vf_glu(vf_load(a + c), vf_load(b + c)));
         if (c < channels) {
-            float ta[16] = {0}, tb[16] = {0}, to[16];
+            float ta[LANES] = {0}, tb[LANES] = {0}, to[LANES];
             memcpy(ta, a + c, (size_t)(channels - c) * sizeof *ta);
             memcpy(tb, b + c, (size_t)(channels - c) * sizeof *tb);
-            store16(to, glu16(load16(ta), load16(tb)));
+            vf_store(to, vf_glu(vf_load(ta), vf_load(tb)));
             memcpy(o + c, to, (size_t)(channels - c) * sizeof *to);
         }
     }
