@@ -79,13 +79,12 @@ static int product(const struct convs2s_step *s, const struct product *p, const 
     return call_product(&s->kernels, s->rows, s->threads, p, x, p->in, residual, y, 0);
 }
 
-/* a sigmoid(b), each lane: exp(min(b, 0)) / (1 + exp(-|b|)) */
+/* a sigmoid(b), each lane: with e = exp(-|b|), 1 / (1 + e) where b >= 0, else e / (1 + e) */
 static inline vf vf_glu(vf a, vf b)
 {
-    vf zero = vf_zero();
-    vf num = vf_exp_nonpositive(vf_min(b, zero));
-    vf e = vf_exp_nonpositive(vf_min(b, vf_sub(zero, b)));
-    return vf_mul(a, vf_div(num, vf_add(vf_set1(1.0f), e)));
+    vf one = vf_set1(1.0f);
+    vf e = vf_exp_nonpositive(vf_min(b, vf_sub(vf_zero(), b)));
+    return vf_mul(a, vf_div(vf_if_nonnegative(b, one, e), vf_add(one, e)));
 }
 
 /* out [rows, channels] = GLU of wide [rows, 2 channels]: first half times the sigmoid of the

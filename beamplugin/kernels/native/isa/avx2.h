@@ -28,6 +28,11 @@ static inline vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
 /* a / b, each lane, correctly rounded */
 static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+/* yes where x >= 0, else no (no where x is NaN), each lane */
+static inline vf vf_if_nonnegative(vf x, vf yes, vf no)
+{
+    return _mm256_blendv_ps(no, yes, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
 /* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
  * n + 127 is t's low mantissa bits, moved into the exponent */
 static inline vf vf_pow2_biased(vf t)

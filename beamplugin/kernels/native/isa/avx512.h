@@ -27,6 +27,11 @@ static inline vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
 /* a / b, each lane, correctly rounded */
 static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+/* yes where x >= 0, else no (no where x is NaN), each lane */
+static inline vf vf_if_nonnegative(vf x, vf yes, vf no)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), no, yes);
+}
 /* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
  * n + 127 is t's low mantissa bits, moved into the exponent */
 static inline vf vf_pow2_biased(vf t)

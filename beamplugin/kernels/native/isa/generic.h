@@ -38,6 +38,13 @@ static inline vf vf_min(vf a, vf b)
 }
 /* a / b, each lane, correctly rounded */
 static inline vf vf_div(vf a, vf b) { return a / b; }
+/* yes where x >= 0, else no (no where x is NaN), each lane */
+static inline vf vf_if_nonnegative(vf x, vf yes, vf no)
+{
+    for (int i = 0; i < LANES; i++)
+        yes[i] = x[i] >= 0.0f ? yes[i] : no[i];
+    return yes;
+}
 /* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
  * n + 127 is t's low mantissa bits, moved into the exponent */
 static inline vf vf_pow2_biased(vf t)

@@ -27,6 +27,11 @@ static inline vf vf_max(vf a, vf b) { return vbslq_f32(vcgtq_f32(a, b), a, b); }
 static inline vf vf_min(vf a, vf b) { return vbslq_f32(vcltq_f32(a, b), a, b); }
 /* a / b, each lane, correctly rounded */
 static inline vf vf_div(vf a, vf b) { return vdivq_f32(a, b); }
+/* yes where x >= 0, else no (no where x is NaN), each lane */
+static inline vf vf_if_nonnegative(vf x, vf yes, vf no)
+{
+    return vbslq_f32(vcgeq_f32(x, vdupq_n_f32(0.0f)), yes, no);
+}
 /* 2^n from t = n + POW2_BIAS (isa.h; n integral, -127 <= n <= 127, 2^-127 given as 0):
  * n + 127 is t's low mantissa bits, moved into the exponent */
 static inline vf vf_pow2_biased(vf t)
