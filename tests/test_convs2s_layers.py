@@ -73,7 +73,7 @@ def scripted_steps(model, vocab, in_kernel: bool, monkeypatch, need_attn: bool =
     with torch.inference_mode(), monkeypatch.context() as patch:
         encoder_out = model.encoder(**make_batch(vocab, sentences, seed=4)["net_input"])
         if in_kernel:
-            assert convs2s_layers.step_of(decoder, torch.empty(0)) is not None
+            assert convs2s_layers.step_of(decoder, torch.empty(0), []) is not None
         else:
             patch.setattr(convs2s_layers, "step_of", lambda *_: None)
         state: dict = {}
@@ -107,7 +107,7 @@ def test_steps_match_the_python_path(vocab, monkeypatch, kind):
     model = model_of(kind, vocab, monkeypatch)
     ours = scripted_steps(model, vocab, True, monkeypatch)
     with torch.inference_mode():  # the step's products really of the kind asked
-        step = convs2s_layers.step_of(model.decoder, torch.empty(0))
+        step = convs2s_layers.step_of(model.decoder, torch.empty(0), [])
     products = [step.step.fc1, step.step.fc3, *(layer.conv for layer in step.table)]
     assert all(bool(p.bf16) == (kind == "bf16") for p in products)
     assert all(bool(p.sums) == (kind == "int8") for p in products)
@@ -184,19 +184,19 @@ def test_isa_off_keeps_the_python_path(vocab, kernels_for):
     kernels_for("off")
     model = build_convs2s(vocab, 1)
     with torch.inference_mode():
-        assert convs2s_layers.step_of(model.decoder, torch.empty(0)) is None
+        assert convs2s_layers.step_of(model.decoder, torch.empty(0), []) is None
 
 
 def test_a_weight_changed_in_place_is_taken_at_the_next_encoder_forward(vocab, monkeypatch):
     model = build_convs2s(vocab, 1)
     before = scripted_steps(model, vocab, True, monkeypatch)
     with torch.inference_mode():
-        step = convs2s_layers.step_of(model.decoder, torch.empty(0))
+        step = convs2s_layers.step_of(model.decoder, torch.empty(0), [])
     with torch.no_grad():
         model.decoder.convolutions[1].weight_g.mul_(2)  # bumps its version
     after = scripted_steps(model, vocab, True, monkeypatch)  # encodes first
     with torch.inference_mode():
-        assert convs2s_layers.step_of(model.decoder, torch.empty(0)) is not step
+        assert convs2s_layers.step_of(model.decoder, torch.empty(0), []) is not step
     theirs = scripted_steps(model, vocab, False, monkeypatch)
     assert not torch.equal(before[-1][0], after[-1][0])
     torch.testing.assert_close(after[-1][0], theirs[-1][0], rtol=1e-5, atol=1e-5)

@@ -5,7 +5,8 @@ a product through the module, cache and ctypes layers at a beam's few rows, and 
 torch ops a step). The products are the same kernels called on the same rows, so with the same
 bits; GLU's sigmoid is our own (isa.h's exp), within a few ulp of torch's.
 
-A shortlist's output columns (beamplugin.modules.output_columns) stay on the Python path.
+With a shortlist the call stops after fc2, and the decoder multiplies fc3's columns (their
+bits those of the whole product).
 
 The weights' pointers are set once per decoder (:func:`step_of`), made again when a parameter's
 version or storage, or the int8 / bf16 switches, change; a step fills in its rows, the
@@ -165,24 +166,30 @@ class ConvS2SStep:
         groups: list[tuple[dict, int]],
         incremental_state: dict,
         need_attn: bool,
+        output_columns: Any = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The logits ``[rows, 1, vocab]`` after ``x`` (the embedded tokens ``[rows, 1,
         embed]``, also the attention's target) and the attention averaged over layers ``[rows,
         1, widest src]`` (None unless ``need_attn``); the convolutions' buffers read and
-        written in ``incremental_state`` as CausalConvolution.forward does."""
+        written in ``incremental_state`` as CausalConvolution.forward does. With
+        ``output_columns`` (a shortlist), fc3's product is the decoder's own of those columns
+        (its bits for each: a shortlist of every word gives those of none)."""
         rows = x.size(0)
         x = x.reshape(rows, self.embed).contiguous()
         target = x if target is x else target.reshape(rows, self.embed).contiguous()
         step = self.step
         group_table, widest_src = _group_table(groups, rows)
-        logits = x.new_empty((rows, self.vocab))
+        logits = x.new_empty((rows, self.vocab if output_columns is None else self.out_embed))
         attn = x.new_empty((rows, widest_src)) if need_attn else None
         with self._turn:  # the layers' table and the step's struct are filled in for this step
             states = self._lay_out_windows(decoder, incremental_state, x)
             self._lay_out_scratch(rows, widest_src)
             step.rows, step.groups, step.group = rows, len(groups), group_table
             step.x, step.target = x.data_ptr(), target.data_ptr()
-            step.logits = logits.data_ptr()
+            if output_columns is None:
+                step.logits = logits.data_ptr()
+            else:  # fc2's rows into logits, fc3's columns below
+                step.logits, step.hidden = None, logits.data_ptr()
             step.attn = None if attn is None else attn.data_ptr()
             step.attn_width = widest_src
             step.threads = torch.get_num_threads()
@@ -198,6 +205,8 @@ class ConvS2SStep:
             view = window.view(rows, k, conv.in_channels)
             conv.set_incremental_state(incremental_state, "input_buffer", view[:, 1:])
             conv.set_incremental_state(incremental_state, "order", None)
+        if output_columns is not None:
+            logits = decoder._output_columns(logits, output_columns)
         return logits.unsqueeze(1), None if attn is None else attn.unsqueeze(1)
 
     def _lay_out_windows(self, decoder: nn.Module, incremental_state: dict, x: Tensor) -> list:
@@ -312,12 +321,16 @@ def forget(decoder: nn.Module) -> None:
     _steps.pop(decoder, None)
 
 
-def step_of(decoder: nn.Module, x: Tensor) -> ConvS2SStep | None:
-    """The decoder's step in one call for float32 rows like ``x`` where it serves them (CPU,
-    float32, no autograd, inference, the kernels built, every product on our kernels, our
-    sentence attention taken at the embedding's width), else None."""
+def step_of(decoder: nn.Module, x: Tensor, groups: list[tuple[dict, int]]) -> ConvS2SStep | None:
+    """The decoder's step in one call for float32 rows like ``x`` over the memory ``groups``
+    where it serves them (CPU, float32, plain tensors, no autograd, inference, the kernels built,
+    every product on our kernels, our sentence attention taken at the embedding's width), else
+    None. A tensor subclass (a device's stand-in, a wrapper whose torch functions mean more)
+    keeps the calls one at a time: the step's C code would pass it by."""
     if (
-        x.dtype != torch.float32
+        type(x) is not Tensor
+        or any(type(memory["keys"]) is not Tensor for memory, _ in groups)
+        or x.dtype != torch.float32
         or x.device.type != "cpu"
         or torch.is_grad_enabled()
         or decoder.training

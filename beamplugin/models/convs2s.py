@@ -266,12 +266,10 @@ class ConvS2SDecoder(FairseqIncrementalDecoder):
         x = self.dropout_module(self.embed_tokens(tokens) + positions)
         target_embedding = x
         keep_attn = not self.training and self.need_attn and need_attn
-        if incremental and output_columns is None:
-            # the step in one call of our kernels where it serves (a shortlist's output
-            # columns stay on this path)
-            in_kernel = convs2s_layers.step_of(self, x)
+        if incremental:  # the step in one call of our kernels where it serves
+            in_kernel = convs2s_layers.step_of(self, x, groups)
             if in_kernel is not None:
-                return in_kernel(self, x, x, groups, incremental_state, keep_attn)
+                return in_kernel(self, x, x, groups, incremental_state, keep_attn, output_columns)
         x = self.fc1(x)
 
         # the full pass convolves time-major and attends batch-major; a step is batch x 1 x C

@@ -5,7 +5,8 @@
  * convolution's product and GLU; where the layer attends, the query (in_projection(x) + target)
  * sqrt(0.5), each sentence's attention over its memory (attention.c's sentence_attention) and
  * x = (out_projection(context) + x) sqrt(0.5), its weights averaged over the layers if asked;
- * then (x + residual) sqrt(0.5); last fc2 and fc3 (the logits).
+ * then (x + residual) sqrt(0.5); last fc2 and fc3 (the logits; without logits, fc2's rows are
+ * the result, for the caller's shortlist of fc3's columns).
  *
  * The products are product_calls.h's (float32 panels, int8, or float32 rows on bfloat16 weights),
  * called with the rows, residuals and order Python calls them with, so with the same bits; the
@@ -59,7 +60,7 @@ struct convs2s_step {
     int64_t layers, rows, embed, attention_layers, widest_channels, out_embed, groups;
     const struct memory_group *group;
     const float *x, *target; /* [rows, embed]: the embedded tokens (fc1's input and target) */
-    float *logits;           /* [rows, vocab], written */
+    float *logits;           /* [rows, vocab], written; NULL: fc3 left to the caller */
     float *attn;             /* [rows, attn_width] averaged over layers, written, or NULL */
     int64_t attn_width;
     /* scratch: outputs (layers + 1) x rows x widest_channels; wide 2 x rows x
@@ -212,6 +213,8 @@ const float *convs2s_step(struct convs2s_step *s, const struct conv_layer *layer
     }
     if (product(s, &s->fc2, s->outputs + s->layers * block, 0, s->hidden))
         return failing(s, 2);
+    if (!s->logits) /* the caller multiplies fc3's columns it wants (a shortlist) */
+        return s->hidden;
     if (product(s, &s->fc3, s->hidden, 0, s->logits))
         return failing(s, 2);
     return s->logits;
