@@ -151,10 +151,11 @@ class DecodingEngine:
         lprobs, copies = self.rules.apply(lprobs, self.slots.view(self.runner.tokens))
         if copies is not None:
             self.runner.copy_rows(copies)
-        res, status, constrained = self._search(lprobs)
+        last_step = self._at_max_len()  # once a step: the search's and the finish check's
+        res, status, constrained = self._search(lprobs, last_step)
         if status.nan:  # fairseq's rule: NaN log-probs become -inf (rare, so only redone here)
             lprobs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-            res, status, constrained = self._search(lprobs)
+            res, status, constrained = self._search(lprobs, last_step)
         for index, states in constrained:
             sentence = self.live[index]
             sentence.constraints = states
@@ -165,7 +166,7 @@ class DecodingEngine:
                     f"length of {sentence.max_len} tokens"
                 )
         done: list[bool] | None = None
-        if status.acts or any(s.step >= s.max_len for s in self.live):
+        if status.acts or last_step is not None:
             done = self.finalizer.finish(
                 res, status.ending, status.bound, lprobs, attn, self.slots, self.runner
             )
@@ -190,11 +191,11 @@ class DecodingEngine:
         return [c or bool(d) for c, d in zip(cancelled, done or cancelled, strict=True)]
 
     def _search(
-        self, lprobs: Tensor
+        self, lprobs: Tensor, last_step: Tensor | None
     ) -> tuple[BeamStep, StepStatus, list[tuple[int, Progress]]]:
         """The beam step of every live sentence and its status on the host (the step's one
         synchronisation, but for sentences with lexical constraints); with the constraint
-        states of their next beams, by live sentence."""
+        states of their next beams, by live sentence (``last_step``: :meth:`_at_max_len`)."""
         slots, options = self.slots, self.options
         multi = len(slots.live) - slots.one_row
         beam, eos = options.beam_size, options.eos
@@ -205,7 +206,7 @@ class DecodingEngine:
             res, states = constrained_step(constrained, k, beam, eos)
         else:
             res = step_laid_out(lprobs, self.runner.scores, multi, slots.one_row, beam, eos,
-                                self._at_max_len())  # fmt: skip
+                                last_step)  # fmt: skip
             if not constrained:
                 return res, self.finalizer.status(res, slots), []
             step, states = constrained_step(constrained, res.cand_scores.size(1), beam, eos)
