@@ -1,9 +1,10 @@
 """Render the results tables of README.md and docs/*.md from benchmarks/results/*.jsonl.
 
 Each table in a page lies between `<!-- results:TABLE -->` and `<!-- /results -->`, TABLE being
-a record's "table" ("cpu-avx512", "cpu-avx2", "gpu"); `<!-- results:TABLE ROW ROW ... -->` keeps
-only the records of those "row" ids (the README's short tables). What lies between is rewritten
-from the records, so that no figure is typed by hand twice.
+a record's "table" ("cpu-avx512", "cpu-avx2", "gpu", "gpu-h200");
+`<!-- results:TABLE ROW ROW ... -->` keeps only the records of those "row" ids (the README's
+short tables). What lies between is rewritten from the records, so that no figure is typed by
+hand twice.
 
     python benchmarks/render_tables.py           # rewrite every block (make tables)
     python benchmarks/render_tables.py --check   # exit 1 naming each block out of date
@@ -32,7 +33,9 @@ BLOCK = re.compile(
     r"(<!-- results:([\w-]+)((?: [\w.-]+)*) -->\n)(.*?)(<!-- /results -->)", re.DOTALL
 )
 REFERENCE = "fairseq"  # ratios not recorded are computed against it, in its column first
-GROUP_BY: dict[str, tuple[str, ...]] = {"gpu": ("model", "batch", "precision")}
+GPU_COLUMNS = ("model", "batch", "precision")
+# one table a card: "gpu" (the H100s the goals were set on), "gpu-h200"
+GROUP_BY: dict[str, tuple[str, ...]] = {"gpu": GPU_COLUMNS, "gpu-h200": GPU_COLUMNS}
 ROW_ID = ("row",)
 
 Record = dict[str, Any]
@@ -79,7 +82,7 @@ def cell(record: Record, reference: Record | None) -> str:
         ("ms_per_step", "ms/step"), ("tokens_per_s", "tok/s"), ("sentences_per_s", "sent/s"),
         ("us_per_call", "us"),
     )  # fmt: skip
-    if record["table"] == "gpu":
+    if record["table"] in GROUP_BY:
         preferred = units if record.get("batch") == 1 else units[1:]
         units = tuple(u for u in preferred if record.get(u[0]) is not None)[:1]
     for field, unit in units:
