@@ -38,8 +38,9 @@ def test_readme_and_performance_page_show_a_table_per_device():
 
 def test_every_record_has_the_schema_fields():
     records = render_tables.load_records(ROOT)
-    # a device each: the CPU with AVX-512 (and its AVX2 runs), a CPU with AMX, the GPU
-    assert {r["table"] for r in records} == {"cpu-avx512", "cpu-avx2", "cpu-amx", "gpu"}
+    # a device each: the CPU with AVX-512 (and its AVX2 runs), a CPU with AMX, the GPUs (H100
+    # and H200)
+    assert {r["table"] for r in records} == {"cpu-avx512", "cpu-avx2", "cpu-amx", "gpu", "gpu-h200"}
     for record in records:
         for field, kind in SCHEMA.items():
             assert isinstance(record[field], kind), (field, record)
