@@ -178,7 +178,12 @@ class ConvS2SStep:
         x = x.reshape(rows, self.embed).contiguous()
         target = x if target is x else target.reshape(rows, self.embed).contiguous()
         step = self.step
-        group_table, widest_src = _group_table(groups, rows)
+        # the memory groups' table, kept in the batch's state while its groups are the same list
+        # (no sentence came or went): with the batch, not the step, as the memory it points into
+        cached = incremental_state.get("kernel_groups")
+        if cached is None or cached[0] is not groups or cached[1] != rows:
+            cached = incremental_state["kernel_groups"] = groups, rows, *_group_table(groups, rows)
+        _, _, group_table, widest_src = cached
         logits = x.new_empty((rows, self.vocab if output_columns is None else self.out_embed))
         attn = x.new_empty((rows, widest_src)) if need_attn else None
         with self._turn:  # the layers' table and the step's struct are filled in for this step
