@@ -106,6 +106,12 @@ OURS_STREAMED = ("ours", "ours int8", "ours bf16", "ours torch kernels", "ours v
                  "ours int8 vmap")  # fmt: skip
 
 
+def system_precision(system: str, default: str) -> str:
+    """The reduced precision a system's name asks for ("ours int8", "ours bf16"), else
+    ``default``."""
+    return next((p for p in ("int8", "bf16") if p in system), default)
+
+
 def test_set_options(parser: argparse.ArgumentParser) -> None:
     """Which sentences are decoded, in batches of which sizes (this script's and its siblings')."""
     parser.add_argument("--gen-subset", default="test")
@@ -259,7 +265,7 @@ def torch_decoder(args: argparse.Namespace, job: dict[str, Any]) -> tuple[Any, f
         model = prepare(fconv, BEAM) if args.worker == "fairseq" else convs2s
     device = torch.device(job["device"])
     model.to(device)
-    precision = next((p for p in ("int8", "bf16") if p in args.worker), job["precision"])
+    precision = system_precision(args.worker, job["precision"])
     if precision != "float32":
         cast_for_decoding([model], precision)
     options: dict[str, Any] = dict(beam_size=BEAM, max_len_a=0, max_len_b=job["max_len_b"])
@@ -416,8 +422,7 @@ def measure(path: str, data: str, options: argparse.Namespace) -> bool:
                            row=f"{options.label}-b{batch}" + ("" if threads == 1 else
                                                               f"-t{threads}"),
                            what=f"{options.label}: {path}", model=options.label, batch=batch,
-                           precision=next((p for p in ("int8", "bf16") if p in row["system"]),
-                                          options.precision),
+                           precision=system_precision(row["system"], options.precision),
                            command=command_line(), **row, **machine(options.device, threads))
                     for row in rows
                 ])  # fmt: skip

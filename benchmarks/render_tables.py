@@ -33,10 +33,14 @@ BLOCK = re.compile(
     r"(<!-- results:([\w-]+)((?: [\w.-]+)*) -->\n)(.*?)(<!-- /results -->)", re.DOTALL
 )
 REFERENCE = "fairseq"  # ratios not recorded are computed against it, in its column first
+# a GPU's records ("gpu": the H100s the goals were set on; "gpu-CARD": another card, a table of
+# its own) are grouped by what they measured; the CPUs' by their row id
 GPU_COLUMNS = ("model", "batch", "precision")
-# one table a card: "gpu" (the H100s the goals were set on), "gpu-h200"
-GROUP_BY: dict[str, tuple[str, ...]] = {"gpu": GPU_COLUMNS, "gpu-h200": GPU_COLUMNS}
 ROW_ID = ("row",)
+
+
+def _gpu(table: str) -> bool:
+    return table == "gpu" or table.startswith("gpu-")
 
 Record = dict[str, Any]
 
@@ -82,7 +86,7 @@ def cell(record: Record, reference: Record | None) -> str:
         ("ms_per_step", "ms/step"), ("tokens_per_s", "tok/s"), ("sentences_per_s", "sent/s"),
         ("us_per_call", "us"),
     )  # fmt: skip
-    if record["table"] in GROUP_BY:
+    if _gpu(record["table"]):
         preferred = units if record.get("batch") == 1 else units[1:]
         units = tuple(u for u in preferred if record.get(u[0]) is not None)[:1]
     for field, unit in units:
@@ -110,7 +114,7 @@ def cell(record: Record, reference: Record | None) -> str:
 
 
 def _group_key(record: Record) -> tuple[Any, ...]:
-    return tuple(record.get(field) for field in GROUP_BY.get(record["table"], ROW_ID))
+    return tuple(record.get(field) for field in (GPU_COLUMNS if _gpu(record["table"]) else ROW_ID))
 
 
 def _run(record: Record) -> str:
@@ -137,7 +141,7 @@ def render(table: str, records: Iterable[Record], rows: Sequence[str] = ()) -> s
     shown = [r for group in groups.values() for r in group.values()]
     systems = sorted(dict.fromkeys(r["system"] for r in shown), key=lambda s: s != REFERENCE)
     runs: list[str] = []
-    lead = ["model", "precision", "batch"] if table in GROUP_BY else ["what", "batch"]
+    lead = ["model", "precision", "batch"] if _gpu(table) else ["what", "batch"]
     lines = [
         "| " + " | ".join(lead + systems + ["command"]) + " |",
         "| " + " | ".join(["---"] * (len(lead) + len(systems) + 1)) + " |",
