@@ -98,8 +98,7 @@ static inline void weigh_sources(const float *p, const float *values, const int6
 }
 
 /* every cache line of n floats at p asked for (a hint: no fault, no wait), into the level-2
- * cache, not the first: asked into the first, they waited on its few misses in flight, and a
- * decode of the demo transformer at 64 sentences ran 2-3% slower in bfloat16, 1% in float32 */
+ * cache, not the first: asked into the first, the requests wait on its few misses in flight */
 static inline void ask_for(const float *p, int64_t n)
 {
     for (int64_t i = 0; i < n; i += 16)
@@ -130,9 +129,9 @@ int self_attention(const float *qkv, int64_t qkv_stride, float *keys, float *val
         const int64_t *row_sources = sources + r * width;
         /* the next row's keys and values asked for while this one's are read: at a batch's
          * hundreds of rows the histories are read from memory, which the hardware's prefetch
-         * alone left waiting (the demo transformer's at 320 rows: 1.3-1.5x). Not the columns
-         * this row reads from the same slot: a sentence's beams share most of their history,
-         * and asking again for lines in cache took queue room (2% of a decode in bfloat16). */
+         * alone left waiting. Not the columns this row reads from the same slot: a sentence's
+         * beams share most of their history, and asking again for lines in cache takes room
+         * in the queue of misses. */
         if (r + 1 < rows) {
             const int64_t *next_sources = sources + (r + 1) * width;
             const float *next_bias = bias + (r + 1) * width;
